@@ -1,0 +1,198 @@
+"""audit -> plan -> apply (journal first) -> verify, and revert. Each step takes plain data.
+
+- :func:`audit` reads every knob the profile asks for (read-only).
+- :func:`plan` is pure: the rows to change.
+- :func:`apply` records originals for the planned rows (one crash-safe journal write), then
+  writes, then verifies with a fresh audit.
+- :func:`revert` restores every journalled original, newest first.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+import time
+from typing import Iterable, Sequence
+
+from .errors import GpuTuneError, HostError, UnsupportedWrite
+from .gpu.base import GpuError
+from .hostfs import HostFS
+from .journal import Journal, locked
+from .knobs import BY_FAMILY, KNOBS, Context, Knob
+from .model import Report, Setting
+from .parse import parse_bracketed
+
+log = logging.getLogger("gpu_tune")
+
+
+def _env_float(name: str, default: float) -> float:
+    try:
+        return float(os.environ.get(name, "") or default)
+    except ValueError:
+        return default
+
+
+# How long apply/revert wait for another holder of the lock.
+LOCK_TIMEOUT = _env_float("GPU_TUNE_LOCK_TIMEOUT", 30.0)
+# Failpoint for crash tests: pause this many seconds before each write, so a test can SIGKILL an
+# apply half-way through its writes. Zero (off) unless set.
+_WRITE_DELAY = _env_float("GPU_TUNE_FAILPOINT_WRITE_DELAY", 0.0)
+
+
+def make_context(fs: HostFS, profile, gpu_backend=None) -> Context:
+    return Context(fs=fs, profile=profile, gpu=gpu_backend)
+
+
+def _knob_for(row_id: str) -> Knob | None:
+    family = row_id.split(".", 1)[0]
+    return BY_FAMILY.get(family)
+
+
+def audit(ctx: Context, knobs: Sequence[Knob] = KNOBS) -> Report:
+    rows: list[Setting] = []
+    for knob in knobs:
+        if not knob.wanted(ctx.profile):
+            continue
+        try:
+            rows.extend(knob.read(ctx))
+        except (GpuTuneError, GpuError, OSError, ValueError) as exc:
+            # one family failing to read is a row, not a failed audit
+            rows.append(Setting(f"{knob.family}", "-", None, "", "error", f"cannot read: {exc}"))
+    return Report(ctx.profile.name, tuple(rows))
+
+
+def plan(rows: Iterable[Setting]) -> tuple[Setting, ...]:
+    """Pure: which rows apply should change (those that drift)."""
+    return tuple(r for r in rows if r.status == "drift")
+
+
+def _key(row: Setting) -> tuple[str, str]:
+    return row.id, row.target
+
+
+def dry_run(report: Report) -> Report:
+    rows = []
+    for r in report.settings:
+        if r.status == "drift":
+            r = r.with_(changed=False, detail=r.detail or f"would change {r.current} -> {r.desired}")
+        else:
+            r = r.with_(changed=False)
+        rows.append(r)
+    return Report(report.profile, tuple(rows))
+
+
+def apply(ctx: Context, *, dry: bool = False, lock_timeout: float | None = None,
+          knobs: Sequence[Knob] = KNOBS) -> Report:
+    before = audit(ctx, knobs)
+    if dry:
+        return dry_run(before)
+    changes = plan(before.settings)
+    if not changes:
+        return Report(before.profile, tuple(r.with_(changed=False) for r in before.settings))
+
+    failed: dict[tuple[str, str], str] = {}
+    unsupported: dict[tuple[str, str], str] = {}
+    written: set[tuple[str, str]] = set()
+    try:
+        with locked(ctx.fs, timeout=LOCK_TIMEOUT if lock_timeout is None else lock_timeout):
+            try:
+                journal = Journal(ctx.fs).load()
+            except HostError as exc:
+                raise _JournalDown(str(exc)) from None
+            for row in changes:
+                knob = _knob_for(row.id)
+                if knob is None:
+                    failed[_key(row)] = "no knob for this id"
+                    continue
+                if journal.has(row.id, row.target):
+                    continue  # the first original stays; never record our own value
+                try:
+                    snap = knob.snapshot(ctx, row)
+                except (HostError, GpuError) as exc:
+                    failed[_key(row)] = f"cannot record original: {exc}"
+                    continue
+                journal.add({"id": row.id, "target": row.target, "family": knob.family, **snap})
+            try:
+                journal.save()
+            except HostError as exc:
+                raise _JournalDown(str(exc)) from None
+            # originals are on disk: now write
+            for row in changes:
+                k = _key(row)
+                if k in failed:
+                    continue
+                knob = _knob_for(row.id)
+                if _WRITE_DELAY:
+                    time.sleep(_WRITE_DELAY)
+                try:
+                    knob.apply(ctx, row)
+                    written.add(k)
+                except UnsupportedWrite as exc:
+                    unsupported[k] = str(exc)
+                except (HostError, GpuError) as exc:
+                    failed[k] = str(exc)
+    except _JournalDown as exc:
+        for row in changes:
+            failed[_key(row)] = f"not changed: cannot record the original first: {exc}"
+    except HostError as exc:  # the lock file could not be created
+        for row in changes:
+            failed[_key(row)] = f"not changed: cannot record the original first: {exc}"
+
+    # verify with a fresh read (a new context: nothing cached from before the writes)
+    vctx = Context(fs=ctx.fs, profile=ctx.profile, gpu=ctx.gpu, _topology=ctx._topology)
+    after = audit(vctx, knobs)
+    rows = []
+    for r in after.settings:
+        k = _key(r)
+        changed = k in written
+        if k in unsupported:
+            r = r.with_(status="unsupported", detail=unsupported[k])
+        elif k in failed and r.status in ("drift", "error"):
+            r = r.with_(status="error", detail=failed[k])
+        elif changed and r.status == "drift":
+            r = r.with_(status="error", detail=f"wrote {r.desired!r} but it reads back {r.current!r}")
+        rows.append(r.with_(changed=changed))
+    return Report(after.profile, tuple(rows))
+
+
+class _JournalDown(Exception):
+    pass
+
+
+def _current_value(ctx: Context, entry: dict) -> str | None:
+    path = entry.get("path")
+    if not path:
+        return None
+    text = ctx.fs.read_optional(path)
+    if text is None:
+        return None
+    choice = parse_bracketed(text)
+    return choice.active if choice.active is not None else " ".join(text.split())
+
+
+def revert(ctx: Context, *, lock_timeout: float | None = None) -> tuple[bool, tuple[Setting, ...]]:
+    """Restore every recorded original, newest first. Returns (all restored, rows)."""
+    rows: list[Setting] = []
+    with locked(ctx.fs, timeout=LOCK_TIMEOUT if lock_timeout is None else lock_timeout):
+        journal = Journal(ctx.fs).load()
+        for entry in journal.newest_first():
+            sid, target = entry["id"], entry["target"]
+            original = entry.get("value")
+            knob = BY_FAMILY.get(entry.get("family", ""))
+            if knob is None:
+                rows.append(Setting(sid, target, None, str(original), "error",
+                                    f"no knob {entry.get('family')!r} in this version; entry kept"))
+                continue
+            current = _current_value(ctx, entry)
+            try:
+                knob.restore(ctx, entry)
+            except (HostError, GpuError) as exc:
+                rows.append(Setting(sid, target, current, str(original), "error", str(exc), entry.get("path")))
+                continue
+            journal.remove(sid, target)
+            rows.append(Setting(sid, target, current, str(original), "ok", "restored", entry.get("path"),
+                                changed=True))
+        if rows:
+            journal.save()
+    ok = all(r.status == "ok" for r in rows)
+    return ok, tuple(rows)

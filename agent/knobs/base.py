@@ -1,0 +1,107 @@
+"""The knob interface. One module per setting family; each knob declares its id, the kernel files
+it touches and its value checks in one place, and offers four separate steps:
+
+- ``read(ctx)``      -> rows (current vs desired, status), read-only;
+- ``snapshot(ctx, row)`` -> what the journal must keep to restore the original (read-only);
+- ``apply(ctx, row)``  -> write ``row.desired`` (raises HostError/GpuError);
+- ``restore(ctx, entry)`` -> put a journalled original back.
+
+Verification is a fresh ``read``. Deciding what to change is :func:`agent.engine.plan` (pure).
+"""
+
+from __future__ import annotations
+
+import base64
+from dataclasses import dataclass, field
+from typing import TYPE_CHECKING, Any, ClassVar
+
+from ..errors import HostError
+from ..model import Setting
+
+if TYPE_CHECKING:  # pragma: no cover
+    from ..gpu.base import GpuBackend
+    from ..hostfs import HostFS
+    from ..policy import Profile
+    from ..topology import Topology
+
+
+@dataclass
+class Context:
+    """What a knob may look at: the host, the profile, the GPUs and (lazily) the topology."""
+
+    fs: "HostFS"
+    profile: "Profile"
+    gpu: "GpuBackend | None" = None
+    _topology: Any = field(default=None, repr=False)
+    _cache: dict[str, Any] = field(default_factory=dict, repr=False)
+
+    def topology(self) -> "Topology":
+        if self._topology is None:
+            from ..topology import discover
+
+            self._topology = discover(self.fs, self.gpu)
+        return self._topology
+
+    def gpu_infos(self):
+        """GPU states from the backend, read once per context."""
+        if "gpus" not in self._cache:
+            self._cache["gpus"] = list(self.gpu.gpus()) if self.gpu is not None else []
+        return self._cache["gpus"]
+
+    def cached(self, key: str, fn):
+        if key not in self._cache:
+            self._cache[key] = fn()
+        return self._cache[key]
+
+
+def encode_raw(data: bytes | None) -> str | None:
+    return None if data is None else base64.b64encode(data).decode("ascii")
+
+
+def decode_raw(text: str | None) -> bytes | None:
+    return None if text is None else base64.b64decode(text)
+
+
+class Knob:
+    """Base class for file-backed knobs; GPU/NVML knobs override snapshot/apply/restore."""
+
+    family: ClassVar[str] = ""
+    # The kernel files (patterns) this knob reads or writes, for documentation and review.
+    files: ClassVar[tuple[str, ...]] = ()
+
+    def wanted(self, profile: "Profile") -> bool:
+        """Does the profile ask for anything from this knob?"""
+        raise NotImplementedError
+
+    def read(self, ctx: Context) -> list[Setting]:
+        raise NotImplementedError
+
+    # The value written into the kernel file for ``desired`` (bare word, number...).
+    def value_to_write(self, row: Setting) -> str:
+        return row.desired
+
+    def snapshot(self, ctx: Context, row: Setting) -> dict[str, Any]:
+        """The original of ``row`` as a journal record (JSON-serialisable)."""
+        if row.path is None:
+            raise HostError(f"{row.id}[{row.target}]: nothing to record")
+        raw = ctx.fs.read_bytes(row.path)
+        return {"path": row.path, "value": row.current, "raw": encode_raw(raw)}
+
+    def apply(self, ctx: Context, row: Setting) -> None:
+        if row.path is None:
+            raise HostError(f"{row.id}[{row.target}]: no file to write")
+        ctx.fs.write_text(row.path, self.value_to_write(row))
+
+    def restore_value(self, entry: dict[str, Any]) -> str:
+        """The value to write back into a kernel file for a journal entry."""
+        return str(entry["value"])
+
+    def restore(self, ctx: Context, entry: dict[str, Any]) -> None:
+        """Write the original back. Kernel files take the bare value; a regular file (a
+        fixture, a config file) gets its original bytes back exactly."""
+        path = entry["path"]
+        raw = decode_raw(entry.get("raw"))
+        if raw is not None and not ctx.fs.is_kernel_file(path):
+            ctx.fs.write_bytes_exact(path, raw)
+        else:
+            ctx.fs.write_text(path, self.restore_value(entry))

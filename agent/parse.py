@@ -1,0 +1,208 @@
+"""Pure parsers for the kernel's file formats. Text in, plain data out; no I/O here."""
+
+from __future__ import annotations
+
+import re
+from dataclasses import dataclass
+
+
+class ParseError(ValueError):
+    pass
+
+
+# -- CPU lists: "0-3,8,10-11" ---------------------------------------------------------------
+def parse_cpulist(text: str) -> frozenset[int]:
+    """Parse a kernel CPU list (``0-3,8,10-11``, ``0-15:2`` strides, empty string)."""
+    out: set[int] = set()
+    text = text.strip()
+    if not text:
+        return frozenset()
+    for part in text.split(","):
+        part = part.strip()
+        if not part:
+            continue
+        stride = 1
+        if ":" in part:
+            part, s = part.split(":", 1)
+            if "/" in s:  # "0-15:2/4" group form: take the stride only
+                s = s.split("/", 1)[0]
+            stride = int(s)
+        if "-" in part:
+            a, b = part.split("-", 1)
+            lo, hi = int(a), int(b)
+            if hi < lo:
+                raise ParseError(f"bad CPU range {part!r}")
+            out.update(range(lo, hi + 1, stride))
+        else:
+            if not part.isdigit():
+                raise ParseError(f"bad CPU list item {part!r}")
+            out.add(int(part))
+    return frozenset(out)
+
+
+def format_cpulist(cpus) -> str:
+    """Format CPUs as the kernel does: ``0-3,8,10-11``."""
+    nums = sorted(set(cpus))
+    if not nums:
+        return ""
+    parts: list[str] = []
+    start = prev = nums[0]
+    for n in nums[1:]:
+        if n == prev + 1:
+            prev = n
+            continue
+        parts.append(f"{start}-{prev}" if prev != start else str(start))
+        start = prev = n
+    parts.append(f"{start}-{prev}" if prev != start else str(start))
+    return ",".join(parts)
+
+
+# -- CPU masks: "ffffffff,00000000,0000000f" ----------------------------------------------
+def parse_cpumask(text: str) -> frozenset[int]:
+    """Parse a hex CPU mask in the kernel's comma-separated 32-bit groups."""
+    hexstr = text.strip().replace(",", "")
+    if not hexstr:
+        return frozenset()
+    try:
+        value = int(hexstr, 16)
+    except ValueError:
+        raise ParseError(f"bad CPU mask {text.strip()!r}") from None
+    out = set()
+    bit = 0
+    while value:
+        if value & 1:
+            out.add(bit)
+        value >>= 1
+        bit += 1
+    return frozenset(out)
+
+
+def format_cpumask(cpus, ncpus: int | None = None) -> str:
+    value = 0
+    for c in cpus:
+        value |= 1 << c
+    width = max((ncpus or (max(cpus, default=0) + 1)), 1)
+    groups = (width + 31) // 32
+    hexstr = f"{value:0{groups * 8}x}"
+    return ",".join(hexstr[i:i + 8] for i in range(0, len(hexstr), 8))
+
+
+# -- "always [madvise] never" -----------------------------------------------------------------
+@dataclass(frozen=True)
+class Choice:
+    active: str | None
+    options: tuple[str, ...]
+
+
+def parse_bracketed(text: str) -> Choice:
+    """``always [madvise] never`` -> active madvise; a bare ``never`` (after a write) -> never."""
+    words = text.split()
+    active = None
+    options = []
+    for w in words:
+        if w.startswith("[") and w.endswith("]"):
+            w = w[1:-1]
+            active = w
+        options.append(w)
+    if active is None and len(options) == 1:
+        active = options[0]
+    return Choice(active, tuple(options))
+
+
+# -- /proc/cmdline ----------------------------------------------------------------------------
+def parse_cmdline(text: str) -> dict[str, str]:
+    """Kernel command line to {key: value}; flags without ``=`` map to ``""``. Last one wins."""
+    out: dict[str, str] = {}
+    for tok in text.split():
+        if "=" in tok:
+            k, v = tok.split("=", 1)
+            out[k] = v.strip('"')
+        else:
+            out[tok] = ""
+    return out
+
+
+# -- /proc/interrupts ---------------------------------------------------------------------------
+@dataclass(frozen=True)
+class IrqLine:
+    irq: str
+    total: int
+    chip: str
+    name: str
+
+
+def parse_interrupts(text: str) -> dict[str, IrqLine]:
+    """Parse /proc/interrupts (any number of CPU columns) into {irq: IrqLine}.
+
+    Only the first line's column count is used to split counts from the description, so a
+    224-column file costs one split per line.
+    """
+    lines = text.splitlines()
+    if not lines:
+        return {}
+    ncols = len(lines[0].split())
+    out: dict[str, IrqLine] = {}
+    for line in lines[1:]:
+        fields = line.split()
+        if not fields or not fields[0].endswith(":"):
+            continue
+        irq = fields[0][:-1]
+        counts = fields[1:1 + ncols]
+        total = 0
+        n = 0
+        for c in counts:
+            if not c.isdigit():
+                break
+            total += int(c)
+            n += 1
+        rest = fields[1 + n:]
+        chip = rest[0] if rest else ""
+        name = rest[-1] if len(rest) > 1 else ""
+        out[irq] = IrqLine(irq, total, chip, name)
+    return out
+
+
+# -- PCIe link speed: "16.0 GT/s PCIe" -> gen 4 -------------------------------------------------
+_GTS_TO_GEN = {2.5: 1, 5.0: 2, 8.0: 3, 16.0: 4, 32.0: 5, 64.0: 6, 128.0: 7}
+_SPEED_RE = re.compile(r"([0-9.]+)\s*GT/s")
+
+
+def parse_link_speed(text: str | None) -> int | None:
+    """PCIe generation from a sysfs link speed (``32.0 GT/s PCIe``); None when unknown."""
+    if not text:
+        return None
+    m = _SPEED_RE.search(text)
+    if not m:
+        return None
+    return _GTS_TO_GEN.get(float(m.group(1)))
+
+
+def parse_link_width(text: str | None) -> int | None:
+    if not text:
+        return None
+    t = text.strip().lstrip("x")
+    return int(t) if t.isdigit() and int(t) > 0 else None
+
+
+# -- meminfo ------------------------------------------------------------------------------------
+def parse_meminfo(text: str) -> dict[str, int]:
+    """/proc/meminfo or nodeN/meminfo to {key: kB}."""
+    out: dict[str, int] = {}
+    for line in text.splitlines():
+        if ":" not in line:
+            continue
+        k, v = line.split(":", 1)
+        k = k.split()[-1]  # "Node 0 MemTotal" -> "MemTotal"
+        num = v.split()
+        if num and num[0].isdigit():
+            out[k] = int(num[0])
+    return out
+
+
+def parse_int(text: str | None, default: int | None = None) -> int | None:
+    if text is None:
+        return default
+    try:
+        return int(text.strip(), 0)
+    except ValueError:
+        return default

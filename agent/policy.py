@@ -1,0 +1,291 @@
+"""Profiles: load ``policies/<name>.yaml``, resolve ``include:``, validate every value.
+
+A profile file may include others (``include: _base.yaml`` or a list); included files are merged
+first, in order, and the including file wins key by key (mappings merge, other values replace).
+Files whose names start with ``_`` are include-only; ``baselines.yaml`` holds probe baselines.
+Any problem is an :class:`InputError` naming the file and the key.
+"""
+
+from __future__ import annotations
+
+import os
+import re
+from pathlib import Path
+from typing import Any, Literal
+
+from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
+
+from .errors import InputError
+from .parse import ParseError, parse_cpulist
+
+NAME_RE = re.compile(r"^[a-z0-9][a-z0-9_-]{0,62}$")
+SYSCTL_KEY_RE = re.compile(r"^[a-z0-9_]+(\.[A-Za-z0-9_-]+)+$")
+NOT_PROFILES = {"baselines"}
+
+# Known sysctl ranges (inclusive). A key not listed is still accepted if it is well formed.
+SYSCTL_RANGES: dict[str, tuple[int, int]] = {
+    "vm.swappiness": (0, 200),
+    "vm.zone_reclaim_mode": (0, 7),
+    "vm.dirty_ratio": (0, 100),
+    "vm.dirty_background_ratio": (0, 100),
+    "vm.dirty_expire_centisecs": (0, 2**31 - 1),
+    "vm.dirty_writeback_centisecs": (0, 2**31 - 1),
+    "vm.overcommit_memory": (0, 2),
+    "vm.max_map_count": (65530, 2**31 - 1),
+    "vm.min_free_kbytes": (0, 2**31 - 1),
+    "vm.stat_interval": (1, 3600),
+    "kernel.numa_balancing": (0, 3),
+    "kernel.sched_autogroup_enabled": (0, 1),
+    "kernel.nmi_watchdog": (0, 1),
+    "kernel.watchdog": (0, 1),
+}
+
+GOVERNORS = ("performance", "schedutil", "ondemand", "conservative", "powersave", "userspace")
+THP_ENABLED = ("always", "madvise", "never")
+THP_DEFRAG = ("always", "defer", "defer+madvise", "madvise", "never")
+MALLOC_CONF_RE = re.compile(r"^[a-z_]+:[A-Za-z0-9_.+-]+(,[a-z_]+:[A-Za-z0-9_.+-]+)*$")
+
+
+class _Strict(BaseModel):
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+
+class ThpPolicy(_Strict):
+    enabled: Literal["always", "madvise", "never"] | None = None
+    defrag: Literal["always", "defer", "defer+madvise", "madvise", "never"] | None = None
+
+
+class CpuPolicy(_Strict):
+    # Fallback order: the first governor the driver offers is the one wanted.
+    governor: list[Literal["performance", "schedutil", "ondemand", "conservative", "powersave", "userspace"]] | None = None
+
+    @field_validator("governor", mode="before")
+    @classmethod
+    def _one_or_list(cls, v: Any) -> Any:
+        if isinstance(v, str):
+            return [g.strip() for g in v.split("|") if g.strip()]
+        return v
+
+
+class GpuPolicy(_Strict):
+    persistence_mode: bool | None = None
+    # nvidia-persistenced owns persistence mode on recent drivers: "report" (conflict row
+    # when it is not running and mode is off) or "ignore" (set it through NVML regardless).
+    persistenced: Literal["prefer", "ignore"] = "prefer"
+
+
+class IrqPolicy(_Strict):
+    affinity: Literal["numa-local", "off"] = "off"
+    devices: list[Literal["gpu", "nic"]] = Field(default_factory=lambda: ["gpu", "nic"])
+    # irqbalance rewrites affinities every 10 s: "conflict" reports it, "ignore" writes anyway.
+    irqbalance: Literal["conflict", "ignore"] = "conflict"
+    exclude_cpus: str = ""
+
+    @field_validator("exclude_cpus")
+    @classmethod
+    def _cpulist(cls, v: str) -> str:
+        try:
+            parse_cpulist(v)
+        except (ParseError, ValueError):
+            raise ValueError(f"not a CPU list: {v!r} (expected e.g. '0-1,64-65')") from None
+        return v
+
+
+class AllocatorPolicy(_Strict):
+    preload: Literal["jemalloc", "none"] = "none"
+    malloc_conf: str = ""
+    env_file: str = "/etc/gpu-tune/allocator.env"
+    # Host-wide /etc/ld.so.preload affects every process on the host: only when asked.
+    ld_so_preload: bool = False
+
+    @field_validator("malloc_conf")
+    @classmethod
+    def _conf(cls, v: str) -> str:
+        if v and not MALLOC_CONF_RE.match(v):
+            raise ValueError(f"not a MALLOC_CONF string: {v!r} (expected key:value,key:value)")
+        return v
+
+    @field_validator("env_file")
+    @classmethod
+    def _abs(cls, v: str) -> str:
+        if not v.startswith("/") or ".." in v.split("/"):
+            raise ValueError(f"must be an absolute host path without '..': {v!r}")
+        return v
+
+
+class ProbePolicy(_Strict):
+    accuracy_min: float = Field(0.9, ge=0.0, le=1.0)
+    # Train throughput must reach this fraction of the GPU model's baseline.
+    throughput_fraction: float = Field(0.5, gt=0.0, le=1.0)
+    retries: int = Field(2, ge=0, le=5)
+    timeout_s: float = Field(300.0, gt=0, le=3600)
+    interval_s: float = Field(3600.0, ge=0)
+    require_jemalloc: bool = False
+    require_numa_binding: bool = True
+    skip_busy_gpus: bool = True
+    train_seconds: float = Field(3.0, gt=0, le=600)
+    batch_size: int = Field(256, ge=1, le=65536)
+
+
+class ReadinessPolicy(_Strict):
+    require_compliant: bool = True
+    require_probe: bool = True
+    taint: bool = True  # put the startup taint back when readiness is lost
+    max_temperature_c: float = Field(87.0, gt=0, le=120)
+
+
+class Profile(_Strict):
+    name: str
+    summary: str = ""
+    sysctl: dict[str, int | str] = Field(default_factory=dict)
+    thp: ThpPolicy = Field(default_factory=ThpPolicy)
+    cpu: CpuPolicy = Field(default_factory=CpuPolicy)
+    gpu: GpuPolicy = Field(default_factory=GpuPolicy)
+    irq: IrqPolicy = Field(default_factory=IrqPolicy)
+    allocator: AllocatorPolicy = Field(default_factory=AllocatorPolicy)
+    probe: ProbePolicy = Field(default_factory=ProbePolicy)
+    readiness: ReadinessPolicy = Field(default_factory=ReadinessPolicy)
+
+    @field_validator("sysctl")
+    @classmethod
+    def _sysctl(cls, v: dict[str, Any]) -> dict[str, Any]:
+        for key, value in v.items():
+            if not SYSCTL_KEY_RE.match(key):
+                raise ValueError(f"{key!r} is not a sysctl key (expected e.g. vm.swappiness)")
+            if isinstance(value, bool):
+                raise ValueError(f"{key}: expected a number or string, got {value!r}")
+            if key in SYSCTL_RANGES:
+                lo, hi = SYSCTL_RANGES[key]
+                if not isinstance(value, int):
+                    raise ValueError(f"{key}: expected an integer, got {value!r}")
+                if not lo <= value <= hi:
+                    raise ValueError(f"{key}: {value} is out of range {lo}..{hi}")
+        return v
+
+    @model_validator(mode="after")
+    def _name(self) -> "Profile":
+        if not NAME_RE.match(self.name):
+            raise ValueError(f"name {self.name!r} must match {NAME_RE.pattern}")
+        return self
+
+
+# -- loading ----------------------------------------------------------------------------------
+def default_policy_dir() -> Path:
+    env = os.environ.get("GPU_TUNE_POLICY_DIR")
+    if env:
+        return Path(env)
+    here = Path(__file__).resolve().parent
+    src = here.parent / "policies"  # a source checkout or editable install
+    if (src / "training.yaml").exists():
+        return src
+    return here / "policies"  # installed as package data
+
+
+def _yaml_load(path: Path) -> Any:
+    import yaml
+
+    try:
+        text = path.read_text(encoding="utf-8")
+    except FileNotFoundError:
+        raise InputError(f"{path}: no such policy file") from None
+    except IsADirectoryError:
+        raise InputError(f"{path}: is a directory, expected a policy file") from None
+    except OSError as exc:
+        raise InputError(f"{path}: {exc.strerror}") from None
+    try:
+        data = yaml.safe_load(text)
+    except yaml.YAMLError as exc:
+        mark = getattr(exc, "problem_mark", None)
+        where = f":{mark.line + 1}:{mark.column + 1}" if mark else ""
+        problem = getattr(exc, "problem", None) or str(exc).splitlines()[0]
+        raise InputError(f"{path}{where}: malformed YAML: {problem}") from None
+    if data is None:
+        data = {}
+    if not isinstance(data, dict):
+        raise InputError(f"{path}: a policy must be a mapping, got {type(data).__name__}")
+    return data
+
+
+def _merge(base: dict[str, Any], over: dict[str, Any]) -> dict[str, Any]:
+    out = dict(base)
+    for k, v in over.items():
+        if isinstance(v, dict) and isinstance(out.get(k), dict):
+            out[k] = _merge(out[k], v)
+        else:
+            out[k] = v
+    return out
+
+
+def _resolve(path: Path, policy_dir: Path, stack: tuple[Path, ...]) -> dict[str, Any]:
+    if path in stack:
+        chain = " -> ".join(p.name for p in (*stack, path))
+        raise InputError(f"{stack[0]}: include cycle: {chain}")
+    data = _yaml_load(path)
+    inc = data.pop("include", None)
+    if inc is None:
+        includes: list[Any] = []
+    elif isinstance(inc, str):
+        includes = [inc]
+    elif isinstance(inc, list):
+        includes = inc
+    else:
+        raise InputError(f"{path}: include: expected a file name or a list of them")
+    merged: dict[str, Any] = {}
+    for name in includes:
+        if not isinstance(name, str) or "/" in name or name.startswith(".") or not name.endswith(".yaml"):
+            raise InputError(f"{path}: include: {name!r} must be a .yaml file name in {policy_dir}")
+        merged = _merge(merged, _resolve(policy_dir / name, policy_dir, (*stack, path)))
+    return _merge(merged, data)
+
+
+def _one_line(exc: ValidationError) -> str:
+    parts = []
+    for err in exc.errors():
+        loc = ".".join(str(x) for x in err["loc"] if not str(x).startswith("function-after"))
+        msg = err["msg"]
+        if msg.startswith("Value error, "):
+            msg = msg[len("Value error, "):]
+        if err["type"] == "extra_forbidden":
+            msg = "unknown key"
+        elif err["type"] == "literal_error":
+            msg = f"{err.get('input')!r} is not allowed ({msg.split('Input should be ', 1)[-1]})"
+        parts.append(f"{loc}: {msg}" if loc else msg)
+    return "; ".join(parts)
+
+
+def check_name(name: str) -> None:
+    if not NAME_RE.match(name):
+        raise InputError(f"profile {name!r}: names are lower-case letters, digits, '-' and '_' (no '/' or '..')")
+
+
+def load_profile(name: str, policy_dir: str | os.PathLike[str] | None = None) -> Profile:
+    check_name(name)
+    pdir = Path(policy_dir) if policy_dir else default_policy_dir()
+    if not pdir.is_dir():
+        raise InputError(f"--policy-dir {pdir}: no such directory")
+    path = pdir / f"{name}.yaml"
+    if name.startswith("_") or name in NOT_PROFILES or not path.is_file():
+        known = ", ".join(list_profile_names(pdir)) or "none"
+        raise InputError(f"unknown profile {name!r} in {pdir} (known: {known})")
+    data = _resolve(path, pdir, ())
+    data.setdefault("name", name)
+    if data["name"] != name:
+        raise InputError(f"{path}: name: {data['name']!r} does not match the file name {name!r}")
+    try:
+        return Profile.model_validate(data)
+    except ValidationError as exc:
+        raise InputError(f"{path}: {_one_line(exc)}") from None
+
+
+def list_profile_names(policy_dir: str | os.PathLike[str] | None = None) -> list[str]:
+    pdir = Path(policy_dir) if policy_dir else default_policy_dir()
+    if not pdir.is_dir():
+        return []
+    return sorted(
+        p.stem for p in pdir.glob("*.yaml")
+        if not p.name.startswith("_") and p.stem not in NOT_PROFILES and NAME_RE.match(p.stem)
+    )
+
+
+def load_all(policy_dir: str | os.PathLike[str] | None = None) -> list[Profile]:
+    return [load_profile(n, policy_dir) for n in list_profile_names(policy_dir)]

@@ -1,0 +1,88 @@
+"""Human output: rich tables for settings rows, grouped so a 224-CPU node reads at a glance."""
+
+from __future__ import annotations
+
+import re
+from typing import Iterable
+
+from .model import Setting
+from .parse import format_cpulist
+
+STATUS_STYLE = {
+    "ok": "green",
+    "drift": "yellow",
+    "unsupported": "dim",
+    "conflict": "magenta",
+    "error": "bold red",
+}
+
+_NUM_TARGET = re.compile(r"^([a-z]*)(\d+)$")
+
+
+def compress_targets(targets: list[str]) -> str:
+    """``cpu0, cpu1, ..., cpu223`` -> ``cpu0-223``; IRQs ``120, 121, 122`` -> ``120-122``."""
+    if len(targets) == 1:
+        return targets[0]
+    prefixes: dict[str, list[int]] = {}
+    other: list[str] = []
+    for t in targets:
+        m = _NUM_TARGET.match(t)
+        if m:
+            prefixes.setdefault(m.group(1), []).append(int(m.group(2)))
+        else:
+            other.append(t)
+    parts = []
+    for prefix, nums in prefixes.items():
+        listed = format_cpulist(nums)
+        parts.append(f"{prefix}{listed}" if prefix else listed)
+    parts.extend(other)
+    text = ",".join(parts)
+    if len(targets) > 1:
+        text += f" ({len(targets)})"
+    return text
+
+
+def group_rows(rows: Iterable[Setting]) -> list[tuple[Setting, list[str]]]:
+    """Merge rows equal in everything but the target, keeping first-seen order."""
+    groups: dict[tuple, tuple[Setting, list[str]]] = {}
+    for r in rows:
+        key = (r.id, r.current, r.desired, r.status, r.detail, r.changed)
+        if key in groups:
+            groups[key][1].append(r.target)
+        else:
+            groups[key] = (r, [r.target])
+    return list(groups.values())
+
+
+def settings_table(title: str, rows: Iterable[Setting], *, show_changed: bool = False):
+    from rich.table import Table
+    from rich.text import Text
+
+    table = Table(title=title, title_justify="left", header_style="bold", expand=False)
+    table.add_column("setting", no_wrap=True)
+    table.add_column("target", overflow="fold", max_width=28)
+    table.add_column("current → desired", overflow="fold")
+    table.add_column("status", no_wrap=True)
+    if show_changed:
+        table.add_column("changed", no_wrap=True)
+    table.add_column("detail", overflow="fold", max_width=60)
+    for row, targets in group_rows(rows):
+        cur = "—" if row.current is None else row.current
+        arrow = Text(cur)
+        if row.current != row.desired:
+            arrow.append(" → ")
+            arrow.append(row.desired or "—", style="bold")
+        cells = [row.id, compress_targets(targets), arrow, Text(row.status, style=STATUS_STYLE.get(row.status, ""))]
+        if show_changed:
+            cells.append("yes" if row.changed else "")
+        cells.append(row.detail)
+        table.add_row(*cells)
+    return table
+
+
+def summary_line(rows: Iterable[Setting]) -> str:
+    counts: dict[str, int] = {}
+    for r in rows:
+        counts[r.status] = counts.get(r.status, 0) + 1
+    order = ["ok", "drift", "conflict", "error", "unsupported"]
+    return ", ".join(f"{counts[s]} {s}" for s in order if s in counts) or "nothing to check"

@@ -1,0 +1,76 @@
+"""Shared fixtures: generated host trees (copied fresh per test), CLI runner helpers."""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+REPO = Path(__file__).resolve().parents[1]
+if str(REPO) not in sys.path:
+    sys.path.insert(0, str(REPO))
+
+from tests.fixtures import hostgen  # noqa: E402
+
+GPU_FIXTURES = REPO / "tests" / "fixtures" / "gpu"
+
+
+@pytest.fixture
+def make_host(tmp_path):
+    """make_host("two-socket-224") -> a fresh tree under tmp_path (each call a new folder)."""
+    count = {"n": 0}
+
+    def _make(scenario: str) -> Path:
+        count["n"] += 1
+        dest = tmp_path / f"host{count['n']}-{scenario}"
+        return hostgen.build(scenario, dest)
+
+    return _make
+
+
+@pytest.fixture
+def gpu_fixture(tmp_path):
+    """gpu_fixture("dgx-8gpu") -> a writable copy of tests/fixtures/gpu/<name>.json."""
+
+    def _copy(name: str) -> Path:
+        src = GPU_FIXTURES / f"{name}.json"
+        dst = tmp_path / f"gpu-{name}.json"
+        dst.write_text(src.read_text())
+        return dst
+
+    return _copy
+
+
+def run_cli(*args: str, env: dict | None = None, timeout: float = 120, input: str | None = None):
+    """Run the real console script in a subprocess; returns CompletedProcess (text)."""
+    full_env = {**os.environ, "PYTHONPATH": str(REPO)}
+    for k in ("GPU_TUNE_ROOT", "GPU_TUNE_PROFILE", "GPU_TUNE_POLICY_DIR", "GPU_TUNE_GPU_BACKEND", "GPU_TUNE_GPU_FIXTURE"):
+        full_env.pop(k, None)
+    full_env.setdefault("COLUMNS", "200")
+    if env:
+        full_env.update(env)
+    return subprocess.run([sys.executable, "-m", "agent.cli", *args], capture_output=True, text=True,
+                          env=full_env, timeout=timeout, input=input)
+
+
+@pytest.fixture
+def cli():
+    return run_cli
+
+
+def snapshot_tree(root: Path) -> dict[str, bytes]:
+    """Every regular file's bytes under root (to prove byte-for-byte restores)."""
+    out = {}
+    for p in sorted(root.rglob("*")):
+        if p.is_file() and not p.is_symlink() and "var/lib/gpu-tune" not in str(p):
+            out[str(p.relative_to(root))] = p.read_bytes()
+    return out
+
+
+def jdoc(proc) -> dict:
+    assert proc.stdout.strip(), f"no stdout; stderr: {proc.stderr}"
+    return json.loads(proc.stdout)

@@ -1,0 +1,106 @@
+"""Profiles load, include and validate; every bad input is one InputError naming file and key."""
+
+import pytest
+
+from agent.errors import InputError
+from agent.policy import list_profile_names, load_all, load_profile
+
+
+def test_shipped_profiles_load_and_differ():
+    names = list_profile_names()
+    assert names == ["inference", "training"]
+    tr, inf = load_profile("training"), load_profile("inference")
+    assert tr.thp.enabled == "always" and tr.thp.defrag == "always"
+    assert inf.thp.enabled == "never" and inf.thp.defrag == "never"
+    assert tr.sysctl["vm.swappiness"] == 0 and inf.sysctl["vm.swappiness"] == 1
+    # shared through include: _base.yaml
+    assert tr.cpu.governor == inf.cpu.governor == ["performance", "schedutil"]
+    assert tr.gpu.persistence_mode is True
+    assert "background_thread:true" in tr.allocator.malloc_conf
+    assert all(p.summary for p in load_all())
+
+
+def test_profiles_explain_their_choices():
+    from agent.policy import default_policy_dir
+
+    for name in ("training.yaml", "inference.yaml", "_base.yaml"):
+        text = (default_policy_dir() / name).read_text()
+        comments = [ln for ln in text.splitlines() if ln.strip().startswith("#")]
+        assert len(comments) >= 5, name
+
+
+def _write(d, name, text):
+    (d / name).write_text(text)
+
+
+@pytest.mark.parametrize("body,needle", [
+    ("name: p\nsysctl:\n  vm.swappiness: 300\n", "sysctl: vm.swappiness: 300 is out of range 0..200"),
+    ("name: p\nthp:\n  enabled: sometimes\n", "thp.enabled: 'sometimes' is not allowed"),
+    ("name: p\nbogus: 1\n", "bogus: unknown key"),
+    ("name: p\nthp:\n  enabld: always\n", "thp.enabld: unknown key"),
+    ("name: p\nsysctl: [1, 2\n", "malformed YAML"),
+    ("- just\n- a list\n", "a policy must be a mapping"),
+    ("name: p\ncpu:\n  governor: turbo\n", "cpu.governor"),
+    ("name: p\nirq:\n  exclude_cpus: 'x-y'\n", "not a CPU list"),
+    ("name: p\nallocator:\n  malloc_conf: 'not valid'\n", "not a MALLOC_CONF string"),
+    ("name: q\n", "does not match the file name"),
+    ("name: p\nprobe:\n  accuracy_min: 1.5\n", "probe.accuracy_min"),
+])
+def test_bad_profiles_name_file_and_key(tmp_path, body, needle):
+    _write(tmp_path, "p.yaml", body)
+    with pytest.raises(InputError) as ei:
+        load_profile("p", tmp_path)
+    msg = str(ei.value)
+    assert str(tmp_path / "p.yaml") in msg
+    assert needle in msg
+    assert "\n" not in msg
+
+
+def test_malformed_yaml_gives_line(tmp_path):
+    _write(tmp_path, "p.yaml", "name: p\nsysctl:\n  vm.swappiness: [0\n")
+    with pytest.raises(InputError, match=r"p\.yaml:\d+:\d+: malformed YAML"):
+        load_profile("p", tmp_path)
+
+
+def test_include_cycle(tmp_path):
+    _write(tmp_path, "a.yaml", "include: _b.yaml\nname: a\n")
+    _write(tmp_path, "_b.yaml", "include: _c.yaml\n")
+    _write(tmp_path, "_c.yaml", "include: _b.yaml\n")
+    with pytest.raises(InputError, match="include cycle: a.yaml -> _b.yaml -> _c.yaml -> _b.yaml"):
+        load_profile("a", tmp_path)
+
+
+def test_include_merges_and_overrides(tmp_path):
+    _write(tmp_path, "_base.yaml", "sysctl:\n  vm.swappiness: 10\n  vm.dirty_ratio: 30\nthp:\n  enabled: madvise\n")
+    _write(tmp_path, "x.yaml", "include: [_base.yaml]\nname: x\nsysctl:\n  vm.swappiness: 0\n")
+    p = load_profile("x", tmp_path)
+    assert p.sysctl == {"vm.swappiness": 0, "vm.dirty_ratio": 30}
+    assert p.thp.enabled == "madvise"
+
+
+def test_include_missing_and_escaping(tmp_path):
+    _write(tmp_path, "x.yaml", "include: _nope.yaml\nname: x\n")
+    with pytest.raises(InputError, match="no such policy file"):
+        load_profile("x", tmp_path)
+    _write(tmp_path, "y.yaml", "include: ../etc/passwd.yaml\nname: y\n")
+    with pytest.raises(InputError, match="must be a .yaml file name"):
+        load_profile("y", tmp_path)
+
+
+@pytest.mark.parametrize("name", ["../training", "a/b", "..", "Training", "_base", "baselines", "nope"])
+def test_bad_and_unknown_names(name):
+    with pytest.raises(InputError):
+        load_profile(name)
+
+
+def test_unknown_profile_lists_known():
+    with pytest.raises(InputError, match=r"unknown profile 'nope' .*known: inference, training"):
+        load_profile("nope")
+
+
+def test_unknown_sysctl_key_allowed_but_shape_checked(tmp_path):
+    _write(tmp_path, "p.yaml", "name: p\nsysctl:\n  net.core.somaxconn: 4096\n")
+    assert load_profile("p", tmp_path).sysctl["net.core.somaxconn"] == 4096
+    _write(tmp_path, "p.yaml", "name: p\nsysctl:\n  'vm/../../etc': 1\n")
+    with pytest.raises(InputError, match="is not a sysctl key"):
+        load_profile("p", tmp_path)
