@@ -1,0 +1,518 @@
+"""Publish a :class:`~agent.labels.NodeWant` to the Node: labels, annotations, taint, condition, Events.
+
+The only module that imports the ``kubernetes`` package, and only inside the functions that talk
+to a cluster, so commands that never publish do not pay for the import.
+
+Choice of cluster, made once by :func:`make_publisher` and logged in one line: ``--no-kube`` ->
+off; in-cluster service account (``KUBERNETES_SERVICE_HOST`` and the token file) -> on; else
+``--kubeconfig`` / ``KUBECONFIG`` -> on; else off.
+
+One pass (:meth:`KubePublisher.publish`):
+
+1. ``GET`` the Node (the only read of a steady pass).
+2. Diff (pure, :func:`plan_node`): owned labels and annotations, stale owned labels (recorded in
+   ``gpu-tune.io/owned-labels``; labels not recorded there are never touched), the
+   ``gpu-tune.io/not-ready:NoSchedule`` taint.
+3. When something differs: one JSON merge patch of ``metadata`` + ``spec.taints`` carrying the
+   ``metadata.resourceVersion`` just read. A merge patch replaces the taint list whole, so the
+   list sent is the one read with only our taint added or removed; should another writer have
+   changed the Node since, the server answers 409 and the pass reads again and re-plans.
+4. When the ``GPUHostReady`` condition's status, reason or message differ: one strategic merge
+   patch of ``nodes/status`` (conditions merge by ``type``, so the kubelet's are untouched).
+   ``lastTransitionTime`` moves only when the status flips; ``lastHeartbeatTime`` is the time
+   of the write. A heartbeat alone is never written.
+5. On a status flip (or the first condition): one core v1 Event on the Node. If posting it
+   fails, it is kept and posted on the next pass.
+
+409 -> read again and retry; 429, 5xx and connection errors -> retry with jittered exponential
+backoff (bounded in attempts and seconds); 403 -> the pass fails with the RBAC rule that is
+missing; failures are returned as a :class:`PublishResult`, never raised.
+"""
+
+from __future__ import annotations
+
+import copy
+import http.client
+import json
+import logging
+import os
+import random
+import threading
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any, Callable, Protocol
+
+from .errors import InputError
+from .labels import (
+    ANNOTATION_OWNED,
+    CONDITION_TYPE,
+    FORBIDDEN_PREFIXES,
+    PREFIX,
+    TAINT_EFFECT,
+    TAINT_KEY,
+    NodeWant,
+    is_valid_label_value,
+)
+
+log = logging.getLogger("gpu_tune.kube")
+
+SERVICE_HOST_ENV = "KUBERNETES_SERVICE_HOST"
+SERVICE_TOKEN_FILE = "/var/run/secrets/kubernetes.io/serviceaccount/token"
+MERGE_PATCH = "application/merge-patch+json"
+STRATEGIC_MERGE_PATCH = "application/strategic-merge-patch+json"
+EVENT_NAMESPACE = "default"  # where the kubelet and node controllers put Node events
+COMPONENT = "gpu-tune"
+
+
+# -- results ----------------------------------------------------------------------------------
+@dataclass(frozen=True)
+class PublishResult:
+    """One publish pass: ``writes`` write calls made (attempts included), ``changed`` what
+    changed (or would, on a dry run), ``ok`` and ``detail`` for the ``publish`` check."""
+
+    writes: int
+    changed: list[str]
+    ok: bool
+    detail: str
+    reads: int = 0
+
+    def as_check(self) -> dict[str, Any]:
+        return {"name": "publish", "ok": self.ok, "detail": self.detail}
+
+    def as_dict(self) -> dict[str, Any]:
+        return {"ok": self.ok, "detail": self.detail, "writes": self.writes, "reads": self.reads,
+                "changed": list(self.changed)}
+
+
+class Publisher(Protocol):
+    enabled: bool
+    node: str | None
+
+    def publish(self, want: NodeWant, *, dry_run: bool = False) -> PublishResult: ...
+
+    def describe(self) -> str: ...
+
+    def close(self) -> None: ...
+
+
+class NullPublisher:
+    """Publishing is off; every pass succeeds with nothing written and says why."""
+
+    enabled = False
+
+    def __init__(self, reason: str, node: str | None = None) -> None:
+        self.reason = reason
+        self.node = node
+
+    def publish(self, want: NodeWant, *, dry_run: bool = False) -> PublishResult:
+        return PublishResult(writes=0, changed=[], ok=True, detail=f"kubernetes publishing off: {self.reason}")
+
+    def describe(self) -> str:
+        return f"kubernetes: off ({self.reason})"
+
+    def close(self) -> None:
+        pass
+
+
+# -- the diff (pure) --------------------------------------------------------------------------
+@dataclass(frozen=True)
+class NodePlan:
+    """What one pass would write. ``metadata_patch`` is a merge patch (without the
+    resourceVersion) or None; ``condition`` the condition to write or None."""
+
+    metadata_patch: dict[str, Any] | None
+    condition: dict[str, str] | None
+    transition: bool
+    changed: list[str] = field(default_factory=list)
+    skipped: list[str] = field(default_factory=list)
+
+
+def _now_rfc3339() -> str:
+    return time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime())
+
+
+def _is_ours(t: Any) -> bool:
+    return isinstance(t, dict) and t.get("key") == TAINT_KEY and t.get("effect") == TAINT_EFFECT
+
+
+def find_condition(node: dict[str, Any], ctype: str = CONDITION_TYPE) -> dict[str, Any] | None:
+    for c in ((node.get("status") or {}).get("conditions") or []):
+        if isinstance(c, dict) and c.get("type") == ctype:
+            return c
+    return None
+
+
+def plan_node(node: dict[str, Any], want: NodeWant, now: str | None = None) -> NodePlan:
+    """Diff the Node as read against what is wanted. Writes only what differs."""
+    now = now or _now_rfc3339()
+    meta = node.get("metadata") or {}
+    labels = meta.get("labels") or {}
+    annotations = meta.get("annotations") or {}
+    changed: list[str] = []
+    skipped: list[str] = []
+
+    wanted_labels: dict[str, str] = {}
+    for k, v in sorted(want.labels.items()):
+        if not k.startswith(PREFIX) or k.startswith(FORBIDDEN_PREFIXES):
+            skipped.append(f"label {k}: not under {PREFIX}")
+        elif not isinstance(v, str) or not is_valid_label_value(v):
+            skipped.append(f"label {k}: invalid value {v!r}")
+        else:
+            wanted_labels[k] = v
+    owned_record = ",".join(sorted(wanted_labels))
+    wanted_ann = {k: v for k, v in want.annotations.items() if k.startswith(PREFIX)}
+    wanted_ann[ANNOTATION_OWNED] = owned_record
+
+    label_patch: dict[str, Any] = {}
+    for k, v in wanted_labels.items():
+        if labels.get(k) != v:
+            label_patch[k] = v
+            changed.append(f"label {k}={v}" + (f" (was {labels[k]})" if k in labels else ""))
+    previously_owned = [k.strip() for k in str(annotations.get(ANNOTATION_OWNED, "")).split(",") if k.strip()]
+    for k in previously_owned:
+        if k.startswith(PREFIX) and k not in wanted_labels and k in labels:
+            label_patch[k] = None
+            changed.append(f"label {k} removed (stale)")
+
+    ann_patch: dict[str, Any] = {}
+    for k, v in sorted(wanted_ann.items()):
+        if annotations.get(k) != v:
+            ann_patch[k] = v
+            changed.append(f"annotation {k} {'updated' if k in annotations else 'added'}")
+
+    taints = list((node.get("spec") or {}).get("taints") or [])
+    new_taints: list[Any] | None = None
+    have = any(_is_ours(t) for t in taints)
+    if want.taint_wanted is True and not have:
+        new_taints = taints + [{"key": TAINT_KEY, "effect": TAINT_EFFECT}]
+        changed.append(f"taint {TAINT_KEY}:{TAINT_EFFECT} added")
+    elif want.taint_wanted is False and have:
+        new_taints = [t for t in taints if not _is_ours(t)]
+        changed.append(f"taint {TAINT_KEY}:{TAINT_EFFECT} removed")
+
+    patch: dict[str, Any] | None = None
+    if label_patch or ann_patch or new_taints is not None:
+        patch = {"metadata": {}}
+        if label_patch:
+            patch["metadata"]["labels"] = label_patch
+        if ann_patch:
+            patch["metadata"]["annotations"] = ann_patch
+        if new_taints is not None:
+            patch["spec"] = {"taints": new_taints}
+
+    cur = find_condition(node)
+    wc = want.condition
+    cond: dict[str, str] | None = None
+    transition = False
+    if cur is None or any(cur.get(k) != wc.get(k) for k in ("status", "reason", "message")):
+        transition = cur is None or cur.get("status") != wc.get("status")
+        cond = {
+            "type": CONDITION_TYPE,
+            "status": wc.get("status", "Unknown"),
+            "reason": wc.get("reason", ""),
+            "message": wc.get("message", ""),
+            "lastHeartbeatTime": now,
+            "lastTransitionTime": now if transition else (cur or {}).get("lastTransitionTime") or now,
+        }
+        if cur is None:
+            changed.append(f"condition {CONDITION_TYPE}={cond['status']} ({cond['reason']}) added")
+        elif transition:
+            changed.append(f"condition {CONDITION_TYPE}: {cur.get('status')} -> {cond['status']} ({cond['reason']})")
+        else:
+            changed.append(f"condition {CONDITION_TYPE} reason/message updated ({cond['reason']})")
+    return NodePlan(metadata_patch=patch, condition=cond, transition=transition, changed=changed, skipped=skipped)
+
+
+# -- the real publisher -----------------------------------------------------------------------
+class _Conflict(Exception):
+    pass
+
+
+class _Failed(Exception):
+    def __init__(self, detail: str) -> None:
+        super().__init__(detail)
+        self.detail = detail
+
+
+@dataclass
+class _Pass:
+    reads: int = 0
+    writes: int = 0
+    changed: list[str] = field(default_factory=list)
+
+
+def _api_message(exc: Any) -> str:
+    body = getattr(exc, "body", None)
+    try:
+        msg = json.loads(body).get("message") if body else None
+    except (ValueError, AttributeError):
+        msg = None
+    return str(msg or getattr(exc, "reason", "") or exc).strip().splitlines()[0][:300]
+
+
+class KubePublisher:
+    """Publishes to one Node through the kubernetes client's CoreV1Api over HTTP(S)."""
+
+    enabled = True
+
+    def __init__(
+        self,
+        node_name: str,
+        configuration: Any,
+        *,
+        source: str = "",
+        event_namespace: str = EVENT_NAMESPACE,
+        request_timeout: tuple[float, float] = (3.0, 10.0),
+        attempts: int = 5,
+        conflict_attempts: int = 5,
+        backoff_base_s: float = 0.2,
+        backoff_cap_s: float = 5.0,
+        retry_budget_s: float = 20.0,
+        sleep: Callable[[float], None] = time.sleep,
+    ) -> None:
+        from kubernetes import client
+
+        configuration.retries = False  # retries are ours: bounded, with jitter, 409-aware
+        self.node = node_name
+        self.source = source
+        self._host = configuration.host
+        self._client = client.ApiClient(configuration)
+        self._api = client.CoreV1Api(self._client)
+        self._event_ns = event_namespace
+        self._timeout = request_timeout
+        self._attempts = max(1, attempts)
+        self._conflict_attempts = max(1, conflict_attempts)
+        self._base = backoff_base_s
+        self._cap = backoff_cap_s
+        self._budget = retry_budget_s
+        self._sleep = sleep
+        self._lock = threading.Lock()
+        self._pending_event: dict[str, Any] | None = None
+        self._node_cache: dict[str, Any] | None = None  # the Node as last read or written
+
+    def describe(self) -> str:
+        return f"kubernetes: node {self.node} via {self.source or 'configuration'} ({self._host})"
+
+    def close(self) -> None:
+        try:
+            self._client.close()
+        except Exception:  # noqa: BLE001 - closing a pool must not fail a shutdown
+            pass
+
+    # -- HTTP with retries -------------------------------------------------------------------
+    def _call(self, ctx: _Pass, verb: str, resource: str, fn: Callable[[], Any], *, write: bool) -> dict[str, Any]:
+        import urllib3
+        from kubernetes.client.exceptions import ApiException
+
+        deadline = time.monotonic() + self._budget
+        last = ""
+        for attempt in range(1, self._attempts + 1):
+            if write:
+                ctx.writes += 1
+            else:
+                ctx.reads += 1
+            retry_after = 0.0
+            try:
+                resp = fn()
+                data = resp.data if hasattr(resp, "data") else resp.read()
+                return json.loads(data or b"{}")
+            except ApiException as exc:
+                status = int(exc.status or 0)
+                if status == 409 and resource.startswith("nodes"):
+                    raise _Conflict() from None
+                if status == 409 and resource == "events":
+                    return {}  # the same Event from an earlier attempt is already there
+                if status == 403:
+                    raise _Failed(
+                        f"forbidden: may not {verb} {resource} ({_api_message(exc)}); grant the agent's "
+                        f'service account a ClusterRole rule apiGroups: [""], resources: ["{resource}"], '
+                        f'verbs: ["{verb}"]') from None
+                if status == 401:
+                    raise _Failed(f"unauthorized: the API server rejected the credentials ({_api_message(exc)})") from None
+                if status == 404 and resource.startswith("nodes"):
+                    raise _Failed(f"node {self.node!r} not found: check --node / NODE_NAME") from None
+                if status != 429 and not 500 <= status <= 599:
+                    raise _Failed(f"{verb} {resource}: HTTP {status}: {_api_message(exc)}") from None
+                last = f"HTTP {status}: {_api_message(exc)}"
+                try:
+                    retry_after = float((exc.headers or {}).get("Retry-After") or 0)
+                except (TypeError, ValueError):
+                    retry_after = 0.0
+            except (urllib3.exceptions.HTTPError, http.client.HTTPException, OSError) as exc:
+                last = f"{type(exc).__name__}: {str(exc).splitlines()[0][:200] if str(exc) else ''}".rstrip(": ")
+            delay = max(random.uniform(0, min(self._cap, self._base * 2 ** (attempt - 1))), min(retry_after, self._cap))
+            if attempt == self._attempts or time.monotonic() + delay > deadline:
+                break
+            self._sleep(delay)
+        raise _Failed(f"{verb} {resource}: API server {self._host} unavailable after {attempt} attempts ({last})")
+
+    def _read_node(self, ctx: _Pass) -> dict[str, Any]:
+        node = self._call(ctx, "get", "nodes", lambda: self._api.read_node(
+            self.node, _preload_content=False, _request_timeout=self._timeout), write=False)
+        self._node_cache = node
+        return node
+
+    # -- one pass ----------------------------------------------------------------------------
+    def publish(self, want: NodeWant, *, dry_run: bool = False) -> PublishResult:
+        """Bring the Node to ``want``; a second identical pass makes zero write calls."""
+        with self._lock:
+            ctx = _Pass()
+            try:
+                detail = self._publish(want, ctx, dry_run)
+                return PublishResult(writes=ctx.writes, changed=ctx.changed, ok=True, detail=detail, reads=ctx.reads)
+            except _Failed as f:
+                detail = f.detail
+            except Exception as exc:  # noqa: BLE001 - a failed publish is a check row, never a crash
+                log.debug("publish to node %s", self.node, exc_info=True)
+                first = str(exc).strip().splitlines()[0][:300] if str(exc).strip() else ""
+                detail = f"unexpected {type(exc).__name__}: {first}".rstrip(": ")
+            log.warning("publish to node %s failed: %s", self.node, detail)
+            return PublishResult(writes=ctx.writes, changed=ctx.changed, ok=False, detail=detail, reads=ctx.reads)
+
+    def _publish(self, want: NodeWant, ctx: _Pass, dry_run: bool) -> str:
+        node = self._read_node(ctx)
+        if dry_run:
+            plan = plan_node(node, want)
+            ctx.changed.extend(plan.changed)
+            if plan.transition:
+                ctx.changed.append(f"event {self._event_reason(want)}")
+            return f"dry run: {len(plan.changed)} change(s) for node {self.node}"
+
+        skipped: list[str] = []
+        for attempt in range(1, self._conflict_attempts + 1):
+            plan = plan_node(node, want)
+            skipped = plan.skipped
+            if plan.metadata_patch is None:
+                break
+            body = copy.deepcopy(plan.metadata_patch)
+            body["metadata"]["resourceVersion"] = (node.get("metadata") or {}).get("resourceVersion")
+            try:
+                node = self._call(ctx, "patch", "nodes", lambda: self._api.patch_node(
+                    self.node, body, field_manager=COMPONENT, _content_type=MERGE_PATCH,
+                    _preload_content=False, _request_timeout=self._timeout), write=True)
+                self._node_cache = node
+            except _Conflict:
+                node = self._read_node(ctx)
+                continue
+            ctx.changed.extend(c for c in plan.changed if not c.startswith("condition "))
+            break
+        else:
+            raise _Failed(f"patch nodes: still conflicting after {self._conflict_attempts} attempts")
+
+        for attempt in range(1, self._conflict_attempts + 1):
+            plan = plan_node(node, want)
+            if plan.condition is None:
+                break
+            body = {"status": {"conditions": [plan.condition]}}
+            try:
+                node = self._call(ctx, "patch", "nodes/status", lambda: self._api.patch_node_status(
+                    self.node, body, field_manager=COMPONENT, _content_type=STRATEGIC_MERGE_PATCH,
+                    _preload_content=False, _request_timeout=self._timeout), write=True)
+                self._node_cache = node
+            except _Conflict:
+                node = self._read_node(ctx)
+                continue
+            ctx.changed.extend(c for c in plan.changed if c.startswith("condition "))
+            if plan.transition:
+                self._pending_event = self._event_body(want, node)
+            break
+        else:
+            raise _Failed(f"patch nodes/status: still conflicting after {self._conflict_attempts} attempts")
+
+        if self._pending_event is not None:
+            ev = self._pending_event
+            # (the generated create_* methods ignore _content_type; the header is set directly)
+            self._call(ctx, "create", "events", lambda: self._api.create_namespaced_event(
+                self._event_ns, ev, _headers={"Content-Type": "application/json"}, _preload_content=False,
+                _request_timeout=self._timeout), write=True)
+            self._pending_event = None
+            ctx.changed.append(f"event {ev['reason']}")
+
+        note = f"; skipped {', '.join(skipped)}" if skipped else ""
+        if not ctx.changed:
+            return f"node {self.node} up to date{note}"
+        return f"node {self.node}: {len(ctx.changed)} change(s) in {ctx.writes} write call(s){note}"
+
+    @staticmethod
+    def _event_reason(want: NodeWant) -> str:
+        return "GPUHostReady" if want.condition.get("status") == "True" else "GPUHostNotReady"
+
+    def _event_body(self, want: NodeWant, node: dict[str, Any]) -> dict[str, Any]:
+        now = _now_rfc3339()
+        ready = want.condition.get("status") == "True"
+        reason = self._event_reason(want)
+        message = f"{want.condition.get('reason', '')}: {want.condition.get('message', '')}".strip(": ")
+        return {
+            "apiVersion": "v1",
+            "kind": "Event",
+            "metadata": {"name": f"{self.node}.{time.time_ns():x}", "namespace": self._event_ns},
+            "involvedObject": {"apiVersion": "v1", "kind": "Node", "name": self.node,
+                               "uid": (node.get("metadata") or {}).get("uid") or self.node},
+            "reason": reason,
+            "message": message[:1024] or reason,
+            "type": "Normal" if ready else "Warning",
+            "source": {"component": COMPONENT, "host": self.node},
+            "reportingComponent": COMPONENT,
+            "reportingInstance": self.node,
+            "firstTimestamp": now,
+            "lastTimestamp": now,
+            "count": 1,
+        }
+
+
+# -- choosing ---------------------------------------------------------------------------------
+def _in_cluster() -> bool:
+    return bool(os.environ.get(SERVICE_HOST_ENV)) and Path(SERVICE_TOKEN_FILE).is_file()
+
+
+def make_publisher(node_name: str | None, kubeconfig: str | None, no_kube: bool, **options: Any) -> Publisher:
+    """The publisher for this run, chosen once and logged in one line.
+
+    Off (a :class:`NullPublisher` with the reason) for ``no_kube`` or when there is neither an
+    in-cluster service account nor a kubeconfig (``kubeconfig`` argument, else ``KUBECONFIG``).
+    Raises :class:`InputError` for an unreadable or malformed kubeconfig, or when a cluster is
+    configured but no node name is given (``node_name``, else ``NODE_NAME``). ``options`` go to
+    :class:`KubePublisher` (timeouts, retry bounds).
+    """
+    node = (node_name or os.environ.get("NODE_NAME") or "").strip() or None
+    if no_kube:
+        pub: Publisher = NullPublisher("--no-kube given", node)
+        log.info("%s", pub.describe())
+        return pub
+    where = "--kubeconfig" if kubeconfig else "KUBECONFIG"
+    kubeconfig = kubeconfig or os.environ.get("KUBECONFIG") or None
+    in_cluster = _in_cluster()
+    if not in_cluster and not kubeconfig:
+        pub = NullPublisher("no in-cluster service account and no --kubeconfig/KUBECONFIG", node)
+        log.info("%s", pub.describe())
+        return pub
+    if node is None:
+        raise InputError("node name: pass --node NAME or set NODE_NAME (the downward API's spec.nodeName)")
+
+    from kubernetes import client, config
+
+    cfg = client.Configuration()
+    if in_cluster:
+        try:
+            config.load_incluster_config(client_configuration=cfg)
+        except config.ConfigException as exc:
+            raise InputError(f"in-cluster configuration: {exc}") from None
+        source = "in-cluster service account" + (f" ({where} {kubeconfig} ignored)" if kubeconfig else "")
+    else:
+        assert kubeconfig is not None
+        paths = [p for p in kubeconfig.split(os.pathsep) if p]
+        if not any(Path(p).is_file() for p in paths):
+            raise InputError(f"{where} {kubeconfig}: no such file")
+        try:
+            config.load_kube_config(config_file=kubeconfig, client_configuration=cfg, persist_config=False)
+        except (config.ConfigException, ValueError, TypeError, OSError) as exc:
+            first = str(exc).strip().splitlines()[0] if str(exc).strip() else type(exc).__name__
+            raise InputError(f"{where} {kubeconfig}: {first}") from None
+        except Exception as exc:  # noqa: BLE001 - YAML errors and the like from the loader
+            first = str(exc).strip().splitlines()[0] if str(exc).strip() else type(exc).__name__
+            raise InputError(f"{where} {kubeconfig}: malformed kubeconfig: {first}") from None
+        source = f"kubeconfig {kubeconfig}"
+    pub = KubePublisher(node, cfg, source=source, **options)
+    log.info("%s", pub.describe())
+    return pub

@@ -1,0 +1,303 @@
+"""What the Node should carry for a verdict and a topology: labels, annotations, condition, taint.
+
+Pure: no Kubernetes client here (``agent/kube.py`` diffs this against the live Node and writes).
+
+Label keys (all under ``gpu-tune.io/``; values at most 63 characters of ``[A-Za-z0-9._-]``,
+starting and ending with a letter or digit):
+
+==============================  ==============================================================
+``profile``                     the profile applied (``training``)
+``ready``                       ``true`` / ``false``
+``numa-nodes``                  number of NUMA nodes (omitted when the topology has none)
+``gpu-count``                   number of GPUs seen (``0`` without GPUs)
+``gpu-product``                 GPU model, sanitised (``NVIDIA-H100-80GB-HBM3``); ``mixed`` when
+                                the GPUs differ
+``gpu-numa-map``                which GPU sits on which NUMA node (format below)
+``gpu-memory-mib``              smallest GPU memory in MiB
+``gpu-compute-capability``      e.g. ``9.0`` (omitted when the GPUs differ)
+``gpu-driver``                  NVIDIA driver version, e.g. ``570.124.06``
+``cuda-driver``                 CUDA driver API version, e.g. ``12.8`` (when the topology says)
+``nic-count``                   number of NICs in the topology document
+==============================  ==============================================================
+
+``gpu-numa-map`` format. GPUs in index order, grouped into runs of consecutive indices on the
+same NUMA node, runs joined by ``_``; a run is ``FIRST-LAST.nNODE`` (or ``INDEX.nNODE`` for a
+single GPU), an unknown node (``numa_node`` null or -1) is ``nx``:
+``0-3.n0_4-7.n1``, ``0-7.nx``, ``0.n0_1.n1_2-3.n0``. When the run form would reach 63 characters
+(GPUs alternating between nodes) the compact form is used instead: ``c`` followed by one
+character per GPU in index order, the node id in base 36 (``0``-``9``, ``a``-``w`` for 10-32)
+or ``x`` for unknown: ``c0101010101010101``. Regular expression for the run form:
+``^(\\d+(-\\d+)?\\.n(\\d+|x))(_\\d+(-\\d+)?\\.n(\\d+|x))*$``.
+
+Annotations: ``gpu-tune.io/topology`` (the topology document as compact JSON with sorted keys,
+volatile readings such as free memory or temperatures left out so the value only changes when
+the hardware does) and ``gpu-tune.io/owned-labels`` (comma-separated label keys this agent
+wrote; stale ones are removed on the next publish, others' labels are never touched).
+
+Condition ``GPUHostReady`` (status ``True``/``False``) and the taint
+``gpu-tune.io/not-ready:NoSchedule``: ``taint_wanted`` is ``False`` when ready (remove it),
+``True`` when not ready and the profile puts it back (add it), ``None`` when not ready and the
+profile does not put it back (leave the node's taints as they are).
+"""
+
+from __future__ import annotations
+
+import json
+import re
+from dataclasses import dataclass
+from typing import Any, Iterable
+
+PREFIX = "gpu-tune.io/"
+FORBIDDEN_PREFIXES = ("nvidia.com/", "feature.node.kubernetes.io/")
+
+LABEL_PROFILE = PREFIX + "profile"
+LABEL_READY = PREFIX + "ready"
+LABEL_NUMA_NODES = PREFIX + "numa-nodes"
+LABEL_GPU_COUNT = PREFIX + "gpu-count"
+LABEL_GPU_PRODUCT = PREFIX + "gpu-product"
+LABEL_GPU_NUMA_MAP = PREFIX + "gpu-numa-map"
+LABEL_GPU_MEMORY = PREFIX + "gpu-memory-mib"
+LABEL_GPU_CC = PREFIX + "gpu-compute-capability"
+LABEL_GPU_DRIVER = PREFIX + "gpu-driver"
+LABEL_CUDA_DRIVER = PREFIX + "cuda-driver"
+LABEL_NIC_COUNT = PREFIX + "nic-count"
+
+ANNOTATION_TOPOLOGY = PREFIX + "topology"
+ANNOTATION_OWNED = PREFIX + "owned-labels"
+
+CONDITION_TYPE = "GPUHostReady"
+TAINT_KEY = PREFIX + "not-ready"
+TAINT_EFFECT = "NoSchedule"
+
+MAX_LABEL_VALUE = 63
+MAX_CONDITION_MESSAGE = 1024
+# Annotations of one object may hold 256 KiB in all; keep ours well under.
+MAX_TOPOLOGY_ANNOTATION = 128 * 1024
+
+LABEL_VALUE_RE = re.compile(r"^(([A-Za-z0-9][-A-Za-z0-9_.]*)?[A-Za-z0-9])?$")
+REASON_RE = re.compile(r"^[A-Za-z]([A-Za-z0-9_,:]*[A-Za-z0-9_])?$")
+# Readings that change from one pass to the next: kept out of the topology annotation.
+VOLATILE_KEY_RE = re.compile(
+    r"(free|used|temperature|power|utili[sz]ation|throttle|xid|timestamp|_time$|^time$|since|"
+    r"ecc_uncorrected|retired_pages|persistence_mode|error|"
+    # GPUs drop their PCIe link speed when idle: the current link state moves with the load
+    r"(^|_)current(_|$)|degraded)",
+    re.IGNORECASE,
+)
+
+_BASE36 = "0123456789abcdefghijklmnopqrstuvw"  # 'x' is reserved for "unknown"
+
+
+@dataclass(frozen=True)
+class NodeWant:
+    """The state the Node should be in. ``condition`` has keys type, status, reason, message."""
+
+    labels: dict[str, str]
+    annotations: dict[str, str]
+    condition: dict[str, str]
+    taint_wanted: bool | None
+
+    def as_dict(self) -> dict[str, Any]:
+        return {
+            "labels": dict(sorted(self.labels.items())),
+            "annotations": dict(sorted(self.annotations.items())),
+            "condition": dict(self.condition),
+            "taint": {"key": TAINT_KEY, "effect": TAINT_EFFECT,
+                      "wanted": {True: "present", False: "absent", None: "unchanged"}[self.taint_wanted]},
+        }
+
+
+def sanitize_label_value(s: Any) -> str:
+    """A valid label value from any text: other characters become ``-``, runs of ``-`` collapse,
+    the ends are trimmed to a letter or digit, at most 63 characters. ``None`` gives ``""``."""
+    if s is None:
+        return ""
+    text = re.sub(r"[^A-Za-z0-9._-]+", "-", str(s).strip())
+    text = re.sub(r"-{2,}", "-", text)
+    text = re.sub(r"^[^A-Za-z0-9]+|[^A-Za-z0-9]+$", "", text)
+    if len(text) > MAX_LABEL_VALUE:
+        text = re.sub(r"[^A-Za-z0-9]+$", "", text[:MAX_LABEL_VALUE])
+    return text
+
+
+def is_valid_label_value(s: str) -> bool:
+    return len(s) <= MAX_LABEL_VALUE and bool(LABEL_VALUE_RE.match(s))
+
+
+def _node_of(g: dict[str, Any]) -> int | None:
+    n = g.get("numa_node")
+    if isinstance(n, bool):
+        return None
+    if isinstance(n, str):
+        n = n.strip()
+        if not re.fullmatch(r"-?\d+", n):
+            return None
+        n = int(n)
+    if isinstance(n, int) and n >= 0:
+        return n
+    return None
+
+
+def _index_of(g: dict[str, Any], pos: int) -> int:
+    i = g.get("index")
+    if isinstance(i, int) and not isinstance(i, bool) and i >= 0:
+        return i
+    return pos
+
+
+def gpu_numa_map(gpus: Iterable[dict[str, Any]]) -> str:
+    """The ``gpu-numa-map`` label value (see the module docstring for the format); ``""`` for
+    no GPUs. Each row needs ``index`` and ``numa_node`` (null/-1/missing: unknown)."""
+    rows = sorted(((_index_of(g, pos), _node_of(g)) for pos, g in enumerate(gpus)), key=lambda r: r[0])
+    if not rows:
+        return ""
+    runs: list[list[Any]] = []  # [first, last, node]
+    for idx, node in rows:
+        if runs and runs[-1][2] == node and runs[-1][1] + 1 == idx:
+            runs[-1][1] = idx
+        else:
+            runs.append([idx, idx, node])
+    parts = []
+    for first, last, node in runs:
+        span = str(first) if first == last else f"{first}-{last}"
+        parts.append(f"{span}.n{'x' if node is None else node}")
+    value = "_".join(parts)
+    if len(value) < MAX_LABEL_VALUE:
+        return value
+    compact = "c" + "".join(
+        "x" if node is None or node >= len(_BASE36) else _BASE36[node] for _, node in rows
+    )
+    # More than 62 GPUs cannot be told apart in one label; the topology annotation has them all.
+    return compact[:MAX_LABEL_VALUE]
+
+
+def _condition_reason(reason: str, ready: bool) -> str:
+    """CamelCase reason as Kubernetes conditions use (``probe failed`` -> ``ProbeFailed``)."""
+    reason = (reason or "").strip()
+    if reason and REASON_RE.match(reason):
+        return reason[:128]
+    words = re.findall(r"[A-Za-z0-9]+", reason)
+    camel = "".join(w[:1].upper() + w[1:] for w in words)
+    camel = re.sub(r"^[^A-Za-z]+", "", camel)[:128]
+    if camel:
+        return camel
+    return "AllChecksPassed" if ready else "ChecksFailed"
+
+
+def _strip_volatile(value: Any) -> Any:
+    if isinstance(value, dict):
+        return {k: _strip_volatile(v) for k, v in value.items()
+                if not (isinstance(k, str) and VOLATILE_KEY_RE.search(k))}
+    if isinstance(value, (list, tuple)):
+        return [_strip_volatile(v) for v in value]
+    return value
+
+
+def topology_annotation(topology: dict[str, Any] | None) -> str:
+    """Compact, key-sorted JSON of the topology without volatile readings. Should it pass
+    128 KiB, the largest lists (IRQs first) are dropped and ``"truncated": true`` is set."""
+    doc = _strip_volatile(dict(topology or {}))
+    text = json.dumps(doc, sort_keys=True, separators=(",", ":"), default=str)
+    if len(text) <= MAX_TOPOLOGY_ANNOTATION:
+        return text
+    doc["truncated"] = True
+    for key in sorted((k for k, v in doc.items() if isinstance(v, (list, dict))),
+                      key=lambda k: (k != "irqs", -len(json.dumps(doc[k], default=str)))):
+        doc.pop(key)
+        text = json.dumps(doc, sort_keys=True, separators=(",", ":"), default=str)
+        if len(text) <= MAX_TOPOLOGY_ANNOTATION:
+            break
+    return text
+
+
+def _gpu_rows(gpus: list[dict[str, Any]] | None, topology: dict[str, Any]) -> list[dict[str, Any]]:
+    """GpuInfo rows, with ``numa_node`` filled from the topology (matched by PCI bus id, else
+    index) when the row lacks it: NVML does not say which NUMA node a GPU is on, sysfs does."""
+    topo_gpus = [g for g in (topology.get("gpus") or []) if isinstance(g, dict)]
+    if not gpus:
+        return topo_gpus
+    by_bus = {str(g.get("pci_bus_id", "")).lower(): g for g in topo_gpus if g.get("pci_bus_id")}
+    by_index = {g.get("index"): g for g in topo_gpus if "index" in g}
+    rows = []
+    for g in gpus:
+        if not isinstance(g, dict):
+            continue
+        row = dict(g)
+        if _node_of(row) is None:
+            t = by_bus.get(str(row.get("pci_bus_id", "")).lower()) or by_index.get(row.get("index"))
+            if t is not None and "numa_node" in t:
+                row["numa_node"] = t.get("numa_node")
+        rows.append(row)
+    return rows
+
+
+def _put(labels: dict[str, str], key: str, value: Any) -> None:
+    v = sanitize_label_value(value)
+    if v:
+        labels[key] = v
+
+
+def desired_node_state(
+    *,
+    profile: str,
+    ready: bool,
+    reason: str,
+    message: str,
+    topology: dict[str, Any] | None,
+    gpus: list[dict[str, Any]] | None,
+    driver_version: str | None,
+    taint_when_not_ready: bool = True,
+) -> NodeWant:
+    """The labels, annotations, ``GPUHostReady`` condition and taint wish for one verdict.
+
+    ``topology`` is the ``gpu-tune topology -o json`` document (missing keys are tolerated);
+    ``gpus`` are ``GpuInfo.as_dict()`` rows (the topology's ``gpus`` are used when empty).
+    Keep ``message`` free of changing readings: a different message means a status write.
+    """
+    topology = topology if isinstance(topology, dict) else {}
+    rows = _gpu_rows(gpus, topology)
+    labels: dict[str, str] = {}
+    _put(labels, LABEL_PROFILE, profile)
+    labels[LABEL_READY] = "true" if ready else "false"
+    numa = topology.get("numa_nodes")
+    if isinstance(numa, list) and numa:
+        labels[LABEL_NUMA_NODES] = str(len(numa))
+    labels[LABEL_GPU_COUNT] = str(len(rows))
+    if rows:
+        names = {sanitize_label_value(g.get("name")) for g in rows} - {""}
+        if len(names) == 1:
+            labels[LABEL_GPU_PRODUCT] = names.pop()
+        elif names:
+            labels[LABEL_GPU_PRODUCT] = "mixed"
+        _put(labels, LABEL_GPU_NUMA_MAP, gpu_numa_map(rows))
+        mems = [g.get("memory_total_mib") for g in rows]
+        mems = [m for m in mems if isinstance(m, int) and not isinstance(m, bool) and m > 0]
+        if mems:
+            labels[LABEL_GPU_MEMORY] = str(min(mems))
+        ccs = {g.get("compute_capability") for g in rows} - {None, ""}
+        if len(ccs) == 1:
+            _put(labels, LABEL_GPU_CC, ccs.pop())
+    _put(labels, LABEL_GPU_DRIVER, driver_version or topology.get("driver_version"))
+    _put(labels, LABEL_CUDA_DRIVER, topology.get("cuda_driver_version"))
+    nics = topology.get("nics")
+    if isinstance(nics, list):
+        labels[LABEL_NIC_COUNT] = str(len(nics))
+
+    for key in labels:  # a programming error, not input: never write others' namespaces
+        assert key.startswith(PREFIX) and not key.startswith(FORBIDDEN_PREFIXES), key
+
+    annotations = {
+        ANNOTATION_TOPOLOGY: topology_annotation(topology),
+        ANNOTATION_OWNED: ",".join(sorted(labels)),
+    }
+    condition = {
+        "type": CONDITION_TYPE,
+        "status": "True" if ready else "False",
+        "reason": _condition_reason(reason, ready),
+        "message": (message or "").strip()[:MAX_CONDITION_MESSAGE],
+    }
+    if ready:
+        taint: bool | None = False
+    else:
+        taint = True if taint_when_not_ready else None
+    return NodeWant(labels=labels, annotations=annotations, condition=condition, taint_wanted=taint)

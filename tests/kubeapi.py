@@ -1,0 +1,444 @@
+"""A small Kubernetes API server for tests: Nodes and Events over real HTTP on 127.0.0.1.
+
+It keeps Node objects the way kube-apiserver does for the calls gpu-tune makes:
+
+- ``GET /api/v1/nodes/{name}``
+- ``PATCH /api/v1/nodes/{name}``: ``application/merge-patch+json`` (RFC 7386: maps merge,
+  ``null`` deletes, lists replace) and ``application/strategic-merge-patch+json`` (maps merge;
+  ``spec.taints`` replaced whole; ``status.conditions`` merged by ``type``). Status changes sent
+  here are dropped, as the API server does for the main resource.
+- ``PATCH /api/v1/nodes/{name}/status``: only status and metadata persist (labels sent to
+  ``nodes/status`` are persisted for Nodes); spec changes are dropped.
+- a ``metadata.resourceVersion`` in a patch that is not the current one gives 409 Conflict;
+  every write that changes the object increments the resourceVersion (a no-op does not).
+- ``POST /api/v1/namespaces/{ns}/events`` (``metadata.name`` or ``generateName``).
+
+Fault injection: :meth:`KubeAPIServer.stop` / :meth:`start` (connections refused, then back on
+the same port), :meth:`fail` (a status for N calls, or forever, on a method and path pattern),
+``conflict_first_try`` (every write is first answered 409 as if another writer had just bumped
+the resourceVersion; its retry passes). Write calls (PATCH/POST/PUT/DELETE) are counted per node,
+including refused ones.
+"""
+
+from __future__ import annotations
+
+import copy
+import json
+import random
+import re
+import socket
+import string
+import threading
+import time
+from collections import Counter
+from dataclasses import dataclass
+from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+from pathlib import Path
+from typing import Any
+
+NODE_RE = re.compile(r"^/api/v1/nodes/([^/?]+)(/status)?$")
+EVENTS_RE = re.compile(r"^/api/v1/namespaces/([^/?]+)/events$")
+WRITE_METHODS = {"PATCH", "POST", "PUT", "DELETE"}
+
+
+def _now() -> str:
+    return time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime())
+
+
+def merge_patch(target: Any, patch: Any) -> Any:
+    """RFC 7386 JSON merge patch."""
+    if not isinstance(patch, dict):
+        return copy.deepcopy(patch)
+    out = dict(target) if isinstance(target, dict) else {}
+    for k, v in patch.items():
+        if v is None:
+            out.pop(k, None)
+        else:
+            out[k] = merge_patch(out.get(k), v)
+    return out
+
+
+# list fields merged by a key under strategic merge (everything else: lists replace)
+_SMP_MERGE_KEYS = {("status", "conditions"): "type", ("status", "addresses"): "type"}
+
+
+def strategic_merge_patch(target: Any, patch: Any, path: tuple[str, ...] = ()) -> Any:
+    if not isinstance(patch, dict):
+        return copy.deepcopy(patch)
+    out = dict(target) if isinstance(target, dict) else {}
+    for k, v in patch.items():
+        if k.startswith("$"):
+            continue
+        sub = path + (k,)
+        if v is None:
+            out.pop(k, None)
+        elif isinstance(v, list) and sub in _SMP_MERGE_KEYS:
+            key = _SMP_MERGE_KEYS[sub]
+            items = [dict(x) for x in (out.get(k) or [])]
+            for item in v:
+                pos = next((i for i, x in enumerate(items) if x.get(key) == item.get(key)), None)
+                if item.get("$patch") == "delete":
+                    if pos is not None:
+                        items.pop(pos)
+                elif pos is None:
+                    items.append(copy.deepcopy(item))
+                else:
+                    items[pos] = merge_patch(items[pos], item)
+            out[k] = items
+        else:
+            out[k] = strategic_merge_patch(out.get(k), v, sub)
+    return out
+
+
+@dataclass
+class FailRule:
+    method: str | None  # None: any
+    pattern: re.Pattern[str]
+    status: int
+    remaining: int | None  # None: forever
+    hits: int = 0
+
+
+class KubeAPIServer:
+    """Start with :meth:`start` (or as a context manager); ``url`` is ``http://127.0.0.1:PORT``."""
+
+    def __init__(self, token: str | None = "test-token") -> None:
+        self.token = token
+        self.nodes: dict[str, dict[str, Any]] = {}
+        self.events: list[dict[str, Any]] = []
+        self.writes: Counter[str] = Counter()  # node name -> write calls
+        self.reads: Counter[str] = Counter()  # node name -> GETs
+        self.calls: list[tuple[str, str, int]] = []  # (method, path, status answered)
+        self.bodies: list[tuple[str, str, str, Any]] = []  # writes: (method, path, content type, body)
+        self.conflict_first_try = False
+        self.latency_s = 0.0
+        self._rules: list[FailRule] = []
+        self._first_try_seen: set[tuple[str, str]] = set()
+        self._rv = 100
+        self._lock = threading.RLock()
+        self._server: ThreadingHTTPServer | None = None
+        self._thread: threading.Thread | None = None
+        self._conns: set[socket.socket] = set()
+        self.port = 0
+
+    # -- lifecycle -----------------------------------------------------------------------------
+    @property
+    def url(self) -> str:
+        return f"http://127.0.0.1:{self.port}"
+
+    def start(self) -> "KubeAPIServer":
+        owner = self
+
+        class Handler(_Handler):
+            api = owner
+
+        class Server(ThreadingHTTPServer):
+            daemon_threads = True
+            allow_reuse_address = True
+            request_queue_size = 1024
+
+        self._server = Server(("127.0.0.1", self.port), Handler)
+        self.port = self._server.server_address[1]
+        self._thread = threading.Thread(target=self._server.serve_forever, kwargs={"poll_interval": 0.05},
+                                        name=f"kubeapi-{self.port}", daemon=True)
+        self._thread.start()
+        return self
+
+    def stop(self) -> None:
+        """Close the port and every open connection: clients see refused/reset connections."""
+        if self._server is None:
+            return
+        self._server.shutdown()
+        self._server.server_close()
+        with self._lock:
+            conns, self._conns = list(self._conns), set()
+        for c in conns:
+            try:
+                c.shutdown(socket.SHUT_RDWR)
+            except OSError:
+                pass
+        self._server = None
+        if self._thread is not None:
+            self._thread.join(timeout=5)
+
+    @property
+    def running(self) -> bool:
+        return self._server is not None
+
+    def __enter__(self) -> "KubeAPIServer":
+        return self.start()
+
+    def __exit__(self, *exc: Any) -> None:
+        self.stop()
+
+    # -- state ---------------------------------------------------------------------------------
+    def _next_rv(self) -> str:
+        self._rv += 1
+        return str(self._rv)
+
+    def add_node(self, name: str, *, labels: dict[str, str] | None = None,
+                 annotations: dict[str, str] | None = None, taints: list[dict[str, Any]] | None = None,
+                 conditions: list[dict[str, Any]] | None = None) -> dict[str, Any]:
+        with self._lock:
+            node = {
+                "apiVersion": "v1",
+                "kind": "Node",
+                "metadata": {
+                    "name": name,
+                    "uid": f"uid-{name}",
+                    "resourceVersion": self._next_rv(),
+                    "creationTimestamp": _now(),
+                    "labels": {"kubernetes.io/hostname": name, "kubernetes.io/os": "linux",
+                               **(labels or {})},
+                    "annotations": dict(annotations or {}),
+                },
+                "spec": {"taints": list(taints or [])},
+                "status": {"conditions": list(conditions or [
+                    {"type": "Ready", "status": "True", "reason": "KubeletReady",
+                     "message": "kubelet is posting ready status", "lastHeartbeatTime": _now(),
+                     "lastTransitionTime": _now()}])},
+            }
+            self.nodes[name] = node
+            return copy.deepcopy(node)
+
+    def node(self, name: str) -> dict[str, Any]:
+        with self._lock:
+            return copy.deepcopy(self.nodes[name])
+
+    def edit_node(self, name: str, patch: dict[str, Any]) -> None:
+        """Another controller's write (merge patch), bumping the resourceVersion."""
+        with self._lock:
+            node = merge_patch(self.nodes[name], patch)
+            node["metadata"]["resourceVersion"] = self._next_rv()
+            self.nodes[name] = node
+
+    def fail(self, path_regex: str, status: int, times: int | None = None, method: str | None = None) -> FailRule:
+        rule = FailRule(method, re.compile(path_regex), status, times)
+        with self._lock:
+            self._rules.append(rule)
+        return rule
+
+    def clear_faults(self) -> None:
+        with self._lock:
+            self._rules.clear()
+            self.conflict_first_try = False
+            self._first_try_seen.clear()
+
+    def total_writes(self) -> int:
+        with self._lock:
+            return sum(self.writes.values())
+
+    def reset_counts(self) -> None:
+        with self._lock:
+            self.writes.clear()
+            self.reads.clear()
+            self.calls.clear()
+            self.bodies.clear()
+
+    def events_for(self, node: str) -> list[dict[str, Any]]:
+        with self._lock:
+            return [copy.deepcopy(e) for e in self.events if e.get("involvedObject", {}).get("name") == node]
+
+    # -- request handling (called from handler threads) ----------------------------------------
+    def _injected(self, method: str, path: str) -> FailRule | None:
+        for rule in self._rules:
+            if rule.method not in (None, method) or not rule.pattern.search(path):
+                continue
+            if rule.remaining is not None:
+                if rule.remaining <= 0:
+                    continue
+                rule.remaining -= 1
+            rule.hits += 1
+            return rule
+        return None
+
+    def handle(self, method: str, path: str, ctype: str, body: bytes, auth: str | None) -> tuple[int, dict[str, Any], dict[str, str]]:
+        path = path.split("?", 1)[0]
+        if self.latency_s:
+            time.sleep(self.latency_s)
+        with self._lock:
+            m_node, m_ev = NODE_RE.match(path), EVENTS_RE.match(path)
+            subject = m_node.group(1) if m_node else None
+            if method in WRITE_METHODS:
+                if subject is None and m_ev:
+                    try:
+                        subject = json.loads(body or b"{}").get("involvedObject", {}).get("name")
+                    except (ValueError, AttributeError):
+                        subject = None
+                self.writes[subject or "?"] += 1
+                try:
+                    self.bodies.append((method, path, ctype.split(";", 1)[0].strip(), json.loads(body or b"null")))
+                except ValueError:
+                    self.bodies.append((method, path, ctype, body))
+            elif subject:
+                self.reads[subject] += 1
+            code, doc, headers = self._dispatch(method, path, ctype, body, auth, m_node, m_ev)
+            self.calls.append((method, path, code))
+            return code, doc, headers
+
+    def _dispatch(self, method, path, ctype, body, auth, m_node, m_ev):  # noqa: ANN001
+        if self.token is not None and auth != f"Bearer {self.token}":
+            return _status(401, "Unauthorized", "Unauthorized")
+        rule = self._injected(method, path)
+        if rule is not None:
+            headers = {"Retry-After": "0"} if rule.status == 429 else {}
+            reason = {403: "Forbidden", 404: "NotFound", 409: "Conflict", 429: "TooManyRequests"}.get(
+                rule.status, "InternalError")
+            msg = (f'nodes "{m_node.group(1)}" is forbidden: User "system:serviceaccount:gpu-tune:gpu-tune" '
+                   f'cannot {method.lower()} resource "nodes{"/status" if m_node.group(2) else ""}" in API group ""'
+                   if rule.status == 403 and m_node else f"injected {rule.status}")
+            code, doc, _ = _status(rule.status, reason, msg)
+            return code, doc, headers
+        if m_node:
+            name, sub = m_node.group(1), m_node.group(2)
+            if name not in self.nodes:
+                return _status(404, "NotFound", f'nodes "{name}" not found')
+            if method == "GET" and not sub:
+                return 200, copy.deepcopy(self.nodes[name]), {}
+            if method == "PATCH":
+                return self._patch(name, bool(sub), ctype, body)
+            return _status(405, "MethodNotAllowed", f"{method} not supported here")
+        if m_ev:
+            if method != "POST":
+                return _status(405, "MethodNotAllowed", f"{method} not supported here")
+            return self._post_event(m_ev.group(1), body)
+        return _status(404, "NotFound", f"the server could not find the requested resource ({path})")
+
+    def _patch(self, name: str, status_sub: bool, ctype: str, body: bytes):  # noqa: ANN202
+        ctype = ctype.split(";", 1)[0].strip()
+        try:
+            patch = json.loads(body or b"null")
+        except ValueError as exc:
+            return _status(400, "BadRequest", f"invalid JSON: {exc}")
+        if ctype not in ("application/merge-patch+json", "application/strategic-merge-patch+json"):
+            return _status(415, "UnsupportedMediaType", f"unsupported patch type {ctype!r}")
+        if not isinstance(patch, dict):
+            return _status(400, "BadRequest", "patch must be a JSON object")
+        cur = self.nodes[name]
+        key = (name, "status" if status_sub else "")
+        if self.conflict_first_try and key not in self._first_try_seen:
+            # each write sequence: the first try conflicts, the retry after it passes
+            self._first_try_seen.add(key)
+            cur["metadata"]["resourceVersion"] = self._next_rv()  # another writer got there first
+            return _status(409, "Conflict", f'Operation cannot be fulfilled on nodes "{name}": '
+                           "the object has been modified; please apply your changes to the latest version and try again")
+        want_rv = (patch.get("metadata") or {}).get("resourceVersion")
+        if want_rv is not None and str(want_rv) != cur["metadata"]["resourceVersion"]:
+            return _status(409, "Conflict", f'Operation cannot be fulfilled on nodes "{name}": '
+                           "the object has been modified; please apply your changes to the latest version and try again")
+        self._first_try_seen.discard(key)
+        fn = merge_patch if ctype == "application/merge-patch+json" else strategic_merge_patch
+        new = fn(cur, patch)
+        if not isinstance(new.get("metadata"), dict):
+            return _status(422, "Invalid", "metadata: Required value")
+        for f in ("name", "uid", "creationTimestamp"):
+            new["metadata"][f] = cur["metadata"][f]
+        err = _validate_labels(new["metadata"].get("labels") or {})
+        if err:
+            return _status(422, "Invalid", f'Node "{name}" is invalid: {err}')
+        if status_sub:
+            new["spec"] = copy.deepcopy(cur.get("spec"))
+        else:
+            new["status"] = copy.deepcopy(cur.get("status"))
+        new["metadata"]["resourceVersion"] = cur["metadata"]["resourceVersion"]
+        if new != cur:
+            new["metadata"]["resourceVersion"] = self._next_rv()
+            self.nodes[name] = new
+        return 200, copy.deepcopy(self.nodes[name]), {}
+
+    def _post_event(self, ns: str, body: bytes):  # noqa: ANN202
+        try:
+            ev = json.loads(body or b"null")
+        except ValueError as exc:
+            return _status(400, "BadRequest", f"invalid JSON: {exc}")
+        if not isinstance(ev, dict) or not isinstance(ev.get("involvedObject"), dict):
+            return _status(422, "Invalid", "involvedObject: Required value")
+        meta = ev.setdefault("metadata", {})
+        if not meta.get("name"):
+            gen = meta.get("generateName")
+            if not gen:
+                return _status(422, "Invalid", "metadata.name: Required value: name or generateName is required")
+            meta["name"] = gen + "".join(random.choices(string.ascii_lowercase + string.digits, k=5))
+        if meta.get("namespace", ns) != ns:
+            return _status(400, "BadRequest", "the namespace of the provided object does not match the namespace sent on the request")
+        if any(e["metadata"]["name"] == meta["name"] and e["metadata"]["namespace"] == ns for e in self.events):
+            return _status(409, "AlreadyExists", f'events "{meta["name"]}" already exists')
+        meta["namespace"] = ns
+        meta["uid"] = f"uid-ev-{len(self.events)}"
+        meta["resourceVersion"] = self._next_rv()
+        self.events.append(ev)
+        return 201, copy.deepcopy(ev), {}
+
+
+_LABEL_KEY_NAME = re.compile(r"^([A-Za-z0-9][-A-Za-z0-9_.]*)?[A-Za-z0-9]$")
+_LABEL_VALUE = re.compile(r"^(([A-Za-z0-9][-A-Za-z0-9_.]*)?[A-Za-z0-9])?$")
+
+
+def _validate_labels(labels: dict[str, Any]) -> str:
+    for k, v in labels.items():
+        name = k.rsplit("/", 1)[-1]
+        if not _LABEL_KEY_NAME.match(name) or len(name) > 63:
+            return f"metadata.labels: Invalid value: {k!r}: name part must be 63 characters or less of [A-Za-z0-9_.-]"
+        if not isinstance(v, str) or len(v) > 63 or not _LABEL_VALUE.match(v):
+            return f"metadata.labels: Invalid value: {v!r}: a valid label must be 63 characters or less of [A-Za-z0-9_.-]"
+    return ""
+
+
+def _status(code: int, reason: str, message: str) -> tuple[int, dict[str, Any], dict[str, str]]:
+    return code, {"kind": "Status", "apiVersion": "v1", "metadata": {}, "status": "Failure",
+                  "message": message, "reason": reason, "code": code}, {}
+
+
+class _Handler(BaseHTTPRequestHandler):
+    api: KubeAPIServer
+    protocol_version = "HTTP/1.1"
+    wbufsize = 64 * 1024  # headers and body leave in one segment (flushed per request)
+    disable_nagle_algorithm = True
+
+    def setup(self) -> None:
+        super().setup()
+        with self.api._lock:
+            self.api._conns.add(self.connection)
+
+    def finish(self) -> None:
+        try:
+            super().finish()
+        finally:
+            with self.api._lock:
+                self.api._conns.discard(self.connection)
+
+    def log_message(self, format: str, *args: Any) -> None:  # noqa: A002
+        pass
+
+    def _serve(self) -> None:
+        length = int(self.headers.get("Content-Length") or 0)
+        body = self.rfile.read(length) if length else b""
+        code, doc, headers = self.api.handle(self.command, self.path, self.headers.get("Content-Type", ""),
+                                             body, self.headers.get("Authorization"))
+        data = json.dumps(doc).encode()
+        self.send_response(code)
+        self.send_header("Content-Type", "application/json")
+        self.send_header("Content-Length", str(len(data)))
+        for k, v in headers.items():
+            self.send_header(k, v)
+        self.end_headers()
+        self.wfile.write(data)
+
+    do_GET = do_PATCH = do_POST = do_PUT = do_DELETE = _serve
+
+
+def write_kubeconfig(path: str | Path, server_url: str, token: str | None = "test-token",
+                     context: str = "test") -> Path:
+    """A kubeconfig pointing at ``server_url`` with a bearer token (JSON is valid YAML)."""
+    path = Path(path)
+    user: dict[str, Any] = {"token": token} if token else {}
+    cfg = {
+        "apiVersion": "v1",
+        "kind": "Config",
+        "clusters": [{"name": context, "cluster": {"server": server_url}}],
+        "users": [{"name": context, "user": user}],
+        "contexts": [{"name": context, "context": {"cluster": context, "user": context}}],
+        "current-context": context,
+    }
+    path.write_text(json.dumps(cfg, indent=1))
+    return path

@@ -1,0 +1,424 @@
+"""The Kubernetes publisher against a local API server over real HTTP (agent/kube.py)."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+
+from agent.errors import InputError
+from agent.kube import KubePublisher, NullPublisher, make_publisher, plan_node
+from agent.labels import ANNOTATION_OWNED, CONDITION_TYPE, TAINT_KEY, desired_node_state
+from tests.kubeapi import KubeAPIServer, write_kubeconfig
+
+FAST = dict(backoff_base_s=0.01, backoff_cap_s=0.05, retry_budget_s=5.0, attempts=4,
+            request_timeout=(1.0, 3.0))
+OURS = {"key": TAINT_KEY, "effect": "NoSchedule"}
+FOREIGN_TAINT = {"key": "nvidia.com/gpu", "value": "present", "effect": "NoSchedule"}
+
+
+def _topology(n: int = 8) -> dict:
+    return {"numa_nodes": [{"id": 0, "cpus": "0-55"}, {"id": 1, "cpus": "56-111"}],
+            "gpus": [{"index": i, "pci_bus_id": f"0000:{0x18 + i:02x}:00.0", "name": "NVIDIA H100 80GB HBM3",
+                      "numa_node": i * 2 // n} for i in range(n)],
+            "nics": []}
+
+
+def _want(ready: bool, *, reason: str = "", message: str = "", profile: str = "training", n: int = 8,
+          taint: bool = True):
+    gpus = [{"index": i, "uuid": f"GPU-{i}", "name": "NVIDIA H100 80GB HBM3",
+             "pci_bus_id": f"0000:{0x18 + i:02x}:00.0", "memory_total_mib": 81559,
+             "compute_capability": "9.0"} for i in range(n)]
+    return desired_node_state(profile=profile, ready=ready, reason=reason or ("" if ready else "ProbePending"),
+                              message=message or ("all checks passed" if ready else "probe has not run yet"),
+                              topology=_topology(n), gpus=gpus, driver_version="570.124.06",
+                              taint_when_not_ready=taint)
+
+
+@pytest.fixture()
+def api():
+    srv = KubeAPIServer().start()
+    try:
+        yield srv
+    finally:
+        srv.stop()
+
+
+@pytest.fixture()
+def kubeconfig(api, tmp_path):
+    return str(write_kubeconfig(tmp_path / "kubeconfig", api.url))
+
+
+def _pub(kubeconfig: str, node: str = "gpu-1", **kw) -> KubePublisher:
+    pub = make_publisher(node, kubeconfig, False, **{**FAST, **kw})
+    assert isinstance(pub, KubePublisher)
+    return pub
+
+
+# -- choosing the publisher -------------------------------------------------------------------
+def test_no_kube_and_no_config_are_off(monkeypatch):
+    monkeypatch.delenv("KUBECONFIG", raising=False)
+    monkeypatch.delenv("KUBERNETES_SERVICE_HOST", raising=False)
+    off = make_publisher("n", "/nonexistent", True)
+    assert isinstance(off, NullPublisher) and "--no-kube" in off.describe()
+    none = make_publisher("n", None, False)
+    assert isinstance(none, NullPublisher) and "KUBECONFIG" in none.reason
+    r = none.publish(_want(True))
+    assert r.ok and r.writes == 0 and "off" in r.detail and r.as_check()["name"] == "publish"
+
+
+def test_bad_kubeconfig_and_missing_node_are_input_errors(tmp_path, monkeypatch, kubeconfig):
+    monkeypatch.delenv("NODE_NAME", raising=False)
+    monkeypatch.delenv("KUBERNETES_SERVICE_HOST", raising=False)
+    with pytest.raises(InputError, match="--kubeconfig .*no such file"):
+        make_publisher("n", str(tmp_path / "missing"), False)
+    bad = tmp_path / "bad"
+    bad.write_text("clusters: [unclosed\n")
+    with pytest.raises(InputError, match=f"--kubeconfig {bad}"):
+        make_publisher("n", str(bad), False)
+    monkeypatch.setenv("KUBECONFIG", str(tmp_path / "nope"))
+    with pytest.raises(InputError, match="^KUBECONFIG .*no such file"):
+        make_publisher("n", None, False)
+    with pytest.raises(InputError, match="NODE_NAME"):
+        make_publisher(None, kubeconfig, False)
+
+
+def test_node_name_and_kubeconfig_from_env(monkeypatch, api, kubeconfig):
+    monkeypatch.setenv("NODE_NAME", "gpu-env")
+    monkeypatch.setenv("KUBECONFIG", kubeconfig)
+    # a service host without the service account token is not in-cluster
+    monkeypatch.setenv("KUBERNETES_SERVICE_HOST", "10.0.0.1")
+    api.add_node("gpu-env")
+    pub = make_publisher(None, None, False, **FAST)
+    assert isinstance(pub, KubePublisher) and pub.node == "gpu-env"
+    assert "kubeconfig" in pub.describe() and api.url in pub.describe()
+    assert pub.publish(_want(True)).ok
+    assert api.node("gpu-env")["metadata"]["labels"]["gpu-tune.io/ready"] == "true"
+
+
+def test_kubernetes_not_imported_when_off():
+    code = ("import sys; from agent.kube import make_publisher; from agent.labels import desired_node_state; "
+            "make_publisher('n', None, True); make_publisher('n', None, False); "
+            "print('kubernetes' in sys.modules)")
+    env = {"PATH": "/usr/bin:/bin"}
+    out = subprocess.run([sys.executable, "-c", code], cwd=Path(__file__).resolve().parent.parent,
+                         capture_output=True, text=True, env=env, timeout=60)
+    assert out.returncode == 0, out.stderr
+    assert out.stdout.strip() == "False"
+
+
+# -- the pure diff ----------------------------------------------------------------------------
+def test_plan_touches_only_what_is_ours():
+    node = {"metadata": {"resourceVersion": "5",
+                         "labels": {"team": "ml", "gpu-tune.io/old": "x", "gpu-tune.io/manual": "keep",
+                                    "gpu-tune.io/ready": "true"},
+                         "annotations": {ANNOTATION_OWNED: "gpu-tune.io/old,gpu-tune.io/ready,team"}},
+            "spec": {"taints": [FOREIGN_TAINT, {"key": TAINT_KEY, "effect": "NoExecute"}]},
+            "status": {"conditions": [{"type": "Ready", "status": "True"}]}}
+    want = _want(False)
+    plan = plan_node(node, want, now="2025-01-01T00:00:00Z")
+    labels = plan.metadata_patch["metadata"]["labels"]
+    assert labels["gpu-tune.io/old"] is None  # stale, owned
+    assert "team" not in labels  # recorded, but not under our prefix: never touched
+    assert "gpu-tune.io/manual" not in labels  # ours by prefix, not by record: never touched
+    assert labels["gpu-tune.io/ready"] == "false"
+    assert plan.metadata_patch["spec"]["taints"] == [FOREIGN_TAINT, {"key": TAINT_KEY, "effect": "NoExecute"}, OURS]
+    assert plan.condition["lastTransitionTime"] == "2025-01-01T00:00:00Z" and plan.transition
+    assert "resourceVersion" not in plan.metadata_patch["metadata"]
+
+
+# -- publishing -------------------------------------------------------------------------------
+def test_first_pass_at_most_4_writes_second_pass_zero(api, kubeconfig):
+    api.add_node("gpu-1", taints=[FOREIGN_TAINT, OURS])
+    pub = _pub(kubeconfig)
+    want = _want(False)
+    r1 = pub.publish(want)
+    assert r1.ok, r1.detail
+    assert 1 <= api.writes["gpu-1"] <= 4 and r1.writes == api.writes["gpu-1"]
+    node = api.node("gpu-1")
+    assert node["metadata"]["labels"]["gpu-tune.io/gpu-numa-map"] == "0-3.n0_4-7.n1"
+    assert node["metadata"]["labels"]["gpu-tune.io/ready"] == "false"
+    assert json.loads(node["metadata"]["annotations"]["gpu-tune.io/topology"])["gpus"][0]["index"] == 0
+    assert node["spec"]["taints"] == [FOREIGN_TAINT, OURS]  # startup taint kept while not ready
+    cond = [c for c in node["status"]["conditions"] if c["type"] == CONDITION_TYPE]
+    assert len(cond) == 1 and cond[0]["status"] == "False" and cond[0]["reason"] == "ProbePending"
+    assert any(c["type"] == "Ready" for c in node["status"]["conditions"])  # kubelet's untouched
+    evs = api.events_for("gpu-1")
+    assert [e["reason"] for e in evs] == ["GPUHostNotReady"]
+    assert evs[0]["involvedObject"] == {"apiVersion": "v1", "kind": "Node", "name": "gpu-1", "uid": "uid-gpu-1"}
+    assert evs[0]["type"] == "Warning" and evs[0]["metadata"]["namespace"] == "default"
+
+    kinds = [(m, p.rsplit("/", 1)[-1], ct) for m, p, ct, _ in api.bodies]
+    assert kinds == [("PATCH", "gpu-1", "application/merge-patch+json"),
+                     ("PATCH", "status", "application/strategic-merge-patch+json"),
+                     ("POST", "events", "application/json")]
+    meta_patch = api.bodies[0][3]
+    assert meta_patch["metadata"]["resourceVersion"]  # the taint list is written against what was read
+    assert set(meta_patch) == {"metadata"}  # taint already there: spec not sent
+    assert set(api.bodies[1][3]) == {"status"}
+
+    api.reset_counts()
+    r2 = pub.publish(want)
+    assert r2.ok and r2.writes == 0 and r2.changed == [] and "up to date" in r2.detail
+    assert api.writes["gpu-1"] == 0 and api.reads["gpu-1"] == 1
+
+    # a new publisher (agent restart) with the same wish writes nothing either
+    api.reset_counts()
+    assert _pub(kubeconfig).publish(want).writes == 0 and api.total_writes() == 0
+
+
+def test_ready_removes_taint_then_lost_puts_it_back_with_events(api, kubeconfig):
+    api.add_node("gpu-1", taints=[OURS, FOREIGN_TAINT])
+    pub = _pub(kubeconfig)
+    assert pub.publish(_want(False)).ok
+    t0 = [c for c in api.node("gpu-1")["status"]["conditions"] if c["type"] == CONDITION_TYPE][0]
+    time.sleep(1.05)  # condition times have one-second resolution
+
+    r = pub.publish(_want(True))
+    assert r.ok and r.writes <= 3
+    node = api.node("gpu-1")
+    assert node["spec"]["taints"] == [FOREIGN_TAINT]
+    assert node["metadata"]["labels"]["gpu-tune.io/ready"] == "true"
+    c1 = [c for c in node["status"]["conditions"] if c["type"] == CONDITION_TYPE][0]
+    assert c1["status"] == "True" and c1["lastTransitionTime"] != t0["lastTransitionTime"]
+
+    # another controller adds its taint meanwhile; it must survive our taint going back
+    api.edit_node("gpu-1", {"spec": {"taints": [FOREIGN_TAINT, {"key": "maint", "effect": "NoExecute"}]}})
+    r = pub.publish(_want(False, reason="ProbeFailed", message="accuracy 0.31 < 0.90"))
+    assert r.ok
+    node = api.node("gpu-1")
+    assert node["spec"]["taints"] == [FOREIGN_TAINT, {"key": "maint", "effect": "NoExecute"}, OURS]
+    assert [e["reason"] for e in api.events_for("gpu-1")] == ["GPUHostNotReady", "GPUHostReady", "GPUHostNotReady"]
+    c2 = [c for c in node["status"]["conditions"] if c["type"] == CONDITION_TYPE][0]
+    time.sleep(1.05)
+
+    # same status, new message: one status write, no event, transition time kept
+    api.reset_counts()
+    r = pub.publish(_want(False, reason="ProbeFailed", message="accuracy 0.40 < 0.90"))
+    assert r.ok and api.writes["gpu-1"] == 1
+    c3 = [c for c in api.node("gpu-1")["status"]["conditions"] if c["type"] == CONDITION_TYPE][0]
+    assert c3["message"] == "accuracy 0.40 < 0.90"
+    assert c3["lastTransitionTime"] == c2["lastTransitionTime"]
+    assert c3["lastHeartbeatTime"] != c2["lastHeartbeatTime"]
+    assert len(api.events_for("gpu-1")) == 3
+
+
+def test_taint_not_put_back_when_configured_off(api, kubeconfig):
+    api.add_node("gpu-1", taints=[OURS])
+    pub = _pub(kubeconfig)
+    assert pub.publish(_want(False, taint=False)).ok
+    assert api.node("gpu-1")["spec"]["taints"] == [OURS]  # startup taint stays until ready
+    assert pub.publish(_want(True, taint=False)).ok
+    assert api.node("gpu-1")["spec"]["taints"] == []
+    assert pub.publish(_want(False, taint=False)).ok
+    assert api.node("gpu-1")["spec"]["taints"] == []
+
+
+def test_stale_owned_labels_removed_foreign_untouched(api, kubeconfig):
+    api.add_node("gpu-1", labels={"team": "ml", "nvidia.com/gpu.product": "H100",
+                                  "gpu-tune.io/manual": "set-by-admin"},
+                  taints=[FOREIGN_TAINT])
+    pub = _pub(kubeconfig)
+    assert pub.publish(_want(True, n=8)).ok
+    assert api.node("gpu-1")["metadata"]["labels"]["gpu-tune.io/gpu-count"] == "8"
+    # the next wish has no GPUs: GPU labels become stale and go; others stay
+    no_gpu = desired_node_state(profile="inference", ready=True, reason="", message="", topology={},
+                                gpus=[], driver_version=None)
+    r = pub.publish(no_gpu)
+    assert r.ok, r.detail
+    labels = api.node("gpu-1")["metadata"]["labels"]
+    assert "gpu-tune.io/gpu-numa-map" not in labels and "gpu-tune.io/gpu-product" not in labels
+    assert labels["gpu-tune.io/gpu-count"] == "0" and labels["gpu-tune.io/profile"] == "inference"
+    assert labels["team"] == "ml" and labels["nvidia.com/gpu.product"] == "H100"
+    assert labels["gpu-tune.io/manual"] == "set-by-admin"
+    assert labels["kubernetes.io/hostname"] == "gpu-1"
+    assert api.node("gpu-1")["spec"]["taints"] == [FOREIGN_TAINT]
+    assert any("removed (stale)" in c for c in r.changed)
+    owned = api.node("gpu-1")["metadata"]["annotations"][ANNOTATION_OWNED].split(",")
+    assert set(owned) == set(no_gpu.labels)
+    assert not any(k.startswith(("nvidia.com/", "feature.node.kubernetes.io/")) for k in owned)
+
+
+def test_api_down_at_start_then_back(api, kubeconfig):
+    api.add_node("gpu-1")
+    api.stop()
+    pub = _pub(kubeconfig)
+    t0 = time.monotonic()
+    r = pub.publish(_want(False))
+    assert not r.ok and "unavailable after 4 attempts" in r.detail and r.writes == 0
+    assert time.monotonic() - t0 < 5
+    api.start()
+    r = pub.publish(_want(False))
+    assert r.ok, r.detail
+    assert api.node("gpu-1")["metadata"]["labels"]["gpu-tune.io/ready"] == "false"
+    # down again between passes: pooled connections are dead; comes back again
+    api.stop()
+    assert not pub.publish(_want(True)).ok
+    api.start()
+    r = pub.publish(_want(True))
+    assert r.ok and api.node("gpu-1")["metadata"]["labels"]["gpu-tune.io/ready"] == "true"
+
+
+def test_403_on_status_is_a_failed_check_with_rbac_hint(api, kubeconfig):
+    api.add_node("gpu-1")
+    api.fail(r"/nodes/[^/]+/status$", 403)
+    pub = _pub(kubeconfig)
+    r = pub.publish(_want(True))
+    assert not r.ok
+    assert "nodes/status" in r.detail and '"patch"' in r.detail and "ClusterRole" in r.detail
+    assert r.as_check() == {"name": "publish", "ok": False, "detail": r.detail}
+    # labels were still published; the condition was not
+    node = api.node("gpu-1")
+    assert node["metadata"]["labels"]["gpu-tune.io/ready"] == "true"
+    assert not any(c["type"] == CONDITION_TYPE for c in node["status"]["conditions"])
+    api.clear_faults()
+    api.reset_counts()
+    r = pub.publish(_want(True))
+    assert r.ok and api.writes["gpu-1"] == 2  # status + event, no metadata rewrite
+
+
+def test_403_on_events_names_create_events(api, kubeconfig):
+    api.add_node("gpu-1")
+    api.fail(r"/events$", 403)
+    r = _pub(kubeconfig).publish(_want(True))
+    assert not r.ok and '"create"' in r.detail and '"events"' in r.detail
+
+
+def test_409_on_every_first_try_succeeds_after_retry(api, kubeconfig):
+    api.add_node("gpu-1", taints=[FOREIGN_TAINT])
+    api.conflict_first_try = True
+    pub = _pub(kubeconfig)
+    r = pub.publish(_want(False))
+    assert r.ok, r.detail
+    node = api.node("gpu-1")
+    assert node["spec"]["taints"] == [FOREIGN_TAINT, OURS]
+    assert node["metadata"]["labels"]["gpu-tune.io/ready"] == "false"
+    assert [c for c in api.calls if c[2] == 409]
+    r = pub.publish(_want(True))
+    assert r.ok and api.node("gpu-1")["spec"]["taints"] == [FOREIGN_TAINT]
+    api.reset_counts()
+    assert pub.publish(_want(True)).writes == 0
+
+
+def test_stale_resource_version_is_rejected_by_server(api, kubeconfig):
+    """The taint list is written with the resourceVersion read: a change in between wins."""
+    api.add_node("gpu-1", taints=[FOREIGN_TAINT])
+    pub = _pub(kubeconfig)
+    node = api.node("gpu-1")
+    api.edit_node("gpu-1", {"spec": {"taints": [FOREIGN_TAINT, {"key": "late", "effect": "NoSchedule"}]}})
+    # replay what a writer holding the old read would send
+    body = {"metadata": {"resourceVersion": node["metadata"]["resourceVersion"]}, "spec": {"taints": [OURS]}}
+    from kubernetes.client.exceptions import ApiException
+    with pytest.raises(ApiException) as exc:
+        pub._api.patch_node("gpu-1", body, _content_type="application/merge-patch+json")
+    assert exc.value.status == 409
+    assert pub.publish(_want(False)).ok
+    assert api.node("gpu-1")["spec"]["taints"] == [FOREIGN_TAINT, {"key": "late", "effect": "NoSchedule"}, OURS]
+
+
+def test_429_and_500_back_off_with_jitter_bounded(api, kubeconfig):
+    api.add_node("gpu-1")
+    api.fail(r"/nodes/gpu-1$", 429, times=2, method="PATCH")
+    api.fail(r"/nodes/gpu-1/status$", 500, times=2)
+    sleeps: list[float] = []
+    pub = _pub(kubeconfig, sleep=sleeps.append)
+    r = pub.publish(_want(True))
+    assert r.ok, r.detail
+    assert len(sleeps) == 4 and all(0 <= s <= FAST["backoff_cap_s"] for s in sleeps)
+    assert r.writes == 2 + 1 + 2 + 1 + 1  # failed + ok metadata, failed + ok status, event
+
+    api.fail(r"/nodes/gpu-1/status$", 503)  # forever
+    sleeps.clear()
+    r = pub.publish(_want(False))
+    assert not r.ok and "HTTP 503" in r.detail and "4 attempts" in r.detail
+    assert len(sleeps) == 3
+
+
+def test_failed_event_is_posted_on_next_pass(api, kubeconfig):
+    api.add_node("gpu-1")
+    api.fail(r"/events$", 500)
+    pub = _pub(kubeconfig)
+    r = pub.publish(_want(True))
+    assert not r.ok and "events" in r.detail
+    assert api.events_for("gpu-1") == []
+    api.clear_faults()
+    api.reset_counts()
+    r = pub.publish(_want(True))
+    assert r.ok and api.writes["gpu-1"] == 1 and [e["reason"] for e in api.events_for("gpu-1")] == ["GPUHostReady"]
+    api.reset_counts()
+    assert pub.publish(_want(True)).writes == 0
+
+
+def test_unknown_node_and_bad_token(api, kubeconfig, tmp_path):
+    r = _pub(kubeconfig, node="ghost").publish(_want(True))
+    assert not r.ok and "ghost" in r.detail and "not found" in r.detail
+    api.add_node("gpu-1")
+    bad = write_kubeconfig(tmp_path / "bad-token", api.url, token="wrong")
+    r = _pub(str(bad)).publish(_want(True))
+    assert not r.ok and "unauthorized" in r.detail and api.total_writes() == 0
+
+
+def test_dry_run_writes_nothing(api, kubeconfig):
+    api.add_node("gpu-1", taints=[OURS])
+    pub = _pub(kubeconfig)
+    r = pub.publish(_want(True), dry_run=True)
+    assert r.ok and r.writes == 0 and api.total_writes() == 0
+    assert f"taint {TAINT_KEY}:NoSchedule removed" in r.changed
+    assert "event GPUHostReady" in r.changed and "dry run" in r.detail
+    assert api.node("gpu-1")["spec"]["taints"] == [OURS]
+
+
+def test_server_keeps_status_and_spec_apart(api, kubeconfig):
+    """The test server itself: main resource drops status; nodes/status drops spec, keeps labels."""
+    api.add_node("gpu-1")
+    pub = _pub(kubeconfig)
+    pub._api.patch_node("gpu-1", {"status": {"conditions": [{"type": "X", "status": "True"}]},
+                                  "metadata": {"labels": {"a": "1"}}}, _content_type="application/merge-patch+json")
+    node = api.node("gpu-1")
+    assert node["metadata"]["labels"]["a"] == "1" and not any(c["type"] == "X" for c in node["status"]["conditions"])
+    pub._api.patch_node_status("gpu-1", {"spec": {"taints": [OURS]}, "metadata": {"labels": {"b": "2"}},
+                                         "status": {"conditions": [{"type": "X", "status": "True"}]}},
+                               _content_type="application/strategic-merge-patch+json")
+    node = api.node("gpu-1")
+    assert node["spec"]["taints"] == [] and node["metadata"]["labels"]["b"] == "2"
+    assert [c["type"] for c in node["status"]["conditions"]] == ["Ready", "X"]
+    rv = node["metadata"]["resourceVersion"]
+    pub._api.patch_node("gpu-1", {"metadata": {"labels": {"a": "1"}}}, _content_type="application/merge-patch+json")
+    assert api.node("gpu-1")["metadata"]["resourceVersion"] == rv  # a no-op is not a new version
+
+
+def test_in_cluster_service_account_is_preferred(monkeypatch, tmp_path, kubeconfig):
+    import kubernetes.config.incluster_config as incluster
+
+    import agent.kube as kube
+
+    token, ca = tmp_path / "token", tmp_path / "ca.crt"
+    token.write_text("sa-token")
+    ca.write_text("-----BEGIN CERTIFICATE-----\n")
+    monkeypatch.setattr(kube, "SERVICE_TOKEN_FILE", str(token))
+    monkeypatch.setattr(incluster, "SERVICE_TOKEN_FILENAME", str(token))
+    monkeypatch.setattr(incluster, "SERVICE_CERT_FILENAME", str(ca))
+    monkeypatch.setenv("KUBERNETES_SERVICE_HOST", "127.0.0.1")
+    monkeypatch.setenv("KUBERNETES_SERVICE_PORT", "1")  # nothing listens: fails fast
+    pub = make_publisher("gpu-1", kubeconfig, False, **{**FAST, "attempts": 1})
+    assert isinstance(pub, KubePublisher)
+    assert "in-cluster" in pub.describe() and "https://127.0.0.1:1" in pub.describe()
+    assert "ignored" in pub.describe()
+    r = pub.publish(_want(True))
+    assert not r.ok and r.writes == 0 and r.detail
+
+
+def test_unexpected_client_error_is_a_value(api, kubeconfig, monkeypatch):
+    api.add_node("gpu-1")
+    pub = _pub(kubeconfig)
+
+    def boom(*a, **k):
+        raise RuntimeError("client blew up")
+
+    monkeypatch.setattr(pub._api, "read_node", boom)
+    r = pub.publish(_want(True))
+    assert not r.ok and "RuntimeError: client blew up" in r.detail
