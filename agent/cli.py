@@ -342,6 +342,11 @@ def probe_cmd(
     verdicts = probe_mod.run_probes(targets, prof.probe, baselines, data=data, timeout=timeout,
                                     device=device.value, previous=None, gpu_backend=backend)
     passed = bool(verdicts) and all(v.passed for v in verdicts)
+    from .state import save_probe_results
+
+    err = save_probe_results(fs, prof.name, [v.as_dict() for v in verdicts])
+    if err:
+        log.warning("probe results not saved for `gpu-tune label`: %s", err)
     if g.output == "json":
         _print_json({"profile": prof.name, "passed": passed, "results": [v.as_dict() for v in verdicts]})
     else:
@@ -357,7 +362,7 @@ def label_cmd(
     kubeconfig: Annotated[Optional[str], typer.Option("--kubeconfig", envvar="KUBECONFIG", metavar="FILE")] = None,
     dry_run: Annotated[bool, typer.Option("--dry-run", help="Print what would be published; write nothing")] = False,
 ) -> int:
-    from .service import label_once
+    from .oneshot import label_once
 
     return label_once(g, profile=profile, node=node, kubeconfig=kubeconfig, dry_run=dry_run)
 

@@ -1,0 +1,46 @@
+# gpu-tune: the two quick-start commands are `make run` and `make test`.
+VENV ?= .venv
+PYTHON ?= python3
+PIP := $(VENV)/bin/pip
+BIN := $(VENV)/bin
+# Debian packages the checks use: promtool (alert rules), numactl and jemalloc (NUMA binding and
+# allocator tests). Benchmarks also use wrk, hyperfine and prometheus-node-exporter.
+DEB_TEST := prometheus numactl libjemalloc2
+DEB_BENCH := wrk hyperfine prometheus-node-exporter
+
+.PHONY: setup tools run test bench clean
+
+$(VENV)/.installed: pyproject.toml
+	$(PYTHON) -m venv $(VENV)
+	$(PIP) install -q --upgrade pip
+	$(PIP) install -q -e '.[probe,test]'
+	touch $@
+
+setup: $(VENV)/.installed
+
+tools:
+	@missing=""; \
+	command -v promtool >/dev/null || missing="$$missing prometheus"; \
+	command -v numactl >/dev/null || missing="$$missing numactl"; \
+	ls /usr/lib/*/libjemalloc.so.2 /usr/lib64/libjemalloc.so.2 >/dev/null 2>&1 || missing="$$missing libjemalloc2"; \
+	if [ -n "$$missing" ]; then \
+	  if [ "$$(id -u)" = 0 ] && command -v apt-get >/dev/null; then \
+	    apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq $$missing >/dev/null; \
+	  else echo "install these packages first:$$missing" >&2; exit 1; fi; \
+	fi
+
+# Audit this host, serve the agent on localhost:9410 and run the MNIST probe on the CPU.
+run: setup
+	$(BIN)/gpu-tune serve --host 127.0.0.1 --port 9410 --no-kube --probe-device cpu
+
+test: setup tools
+	$(BIN)/pytest -q
+
+bench: setup tools
+	@if [ "$$(id -u)" = 0 ] && command -v apt-get >/dev/null; then \
+	  for t in wrk hyperfine prometheus-node-exporter; do command -v $$t >/dev/null || need=1; done; \
+	  [ -z "$$need" ] || (apt-get update -qq && apt-get install -y -qq $(DEB_BENCH) >/dev/null); fi
+	$(BIN)/python benchmarks/run_all.py
+
+clean:
+	rm -rf $(VENV) build *.egg-info .pytest_cache

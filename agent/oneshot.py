@@ -1,0 +1,67 @@
+"""``gpu-tune label``: one pass of discover -> audit -> verdict -> publish, without the agent loop.
+
+The probe is not run here (it takes seconds to minutes); the latest verdicts saved by
+``gpu-tune probe`` or the agent are used, and their absence is a failed probe check.
+"""
+
+from __future__ import annotations
+
+import json
+import sys
+from typing import Any
+
+
+def label_once(g: Any, *, profile: str, node: str | None, kubeconfig: str | None, dry_run: bool) -> int:
+    from . import engine
+    from .gpu import select_backend
+    from .hostfs import HostFS
+    from .kube import make_publisher
+    from .labels import desired_node_state
+    from .policy import load_profile
+    from .readiness import verdict
+    from .service import node_name
+    from .state import load_probe_results
+    from .topology import discover
+
+    prof = load_profile(profile, g.policy_dir)
+    fs = HostFS(g.root)
+    backend = select_backend(g.gpu_backend, g.gpu_fixture)
+    errors: dict[str, str] = {}
+    topo_doc: dict[str, Any] | None = None
+    try:
+        topo_doc = discover(fs, backend).as_dict()
+    except Exception as exc:  # noqa: BLE001 - reported as the publish/topology check
+        errors["discover"] = f"{type(exc).__name__}: {exc}"
+    report = engine.audit(engine.make_context(fs, prof, backend)).as_dict()
+    gpus = [x.as_dict() for x in backend.gpus()]
+    probes = load_probe_results(fs, prof.name)
+    if probes is None:
+        errors["probe"] = "no probe result yet: run `gpu-tune probe` (or the agent) first"
+    v = verdict(profile=prof, audit=report, gpus=gpus, topology=topo_doc, probes=probes or [], errors=errors)
+    want = desired_node_state(profile=prof.name, ready=v.ready, reason=v.reason(), message=v.message(),
+                              topology=topo_doc or {}, gpus=gpus, driver_version=backend.driver_version(),
+                              taint_when_not_ready=prof.readiness.taint)
+    name = node_name(node)
+    publisher = make_publisher(name, kubeconfig, False)
+    try:
+        result = publisher.publish(want, dry_run=dry_run)
+    finally:
+        publisher.close()
+    doc = {"node": name, "ready": v.ready, "checks": [c.as_dict() for c in v.checks],
+           "publisher": publisher.describe(), "dry_run": dry_run, "want": want.as_dict(),
+           "result": result.as_dict()}
+    if g.output == "json":
+        sys.stdout.write(json.dumps(doc, indent=2) + "\n")
+    else:
+        from rich.console import Console
+
+        c = Console(highlight=False)
+        c.print(f"node [bold]{name}[/]: {'[green]ready[/]' if v.ready else '[yellow]not ready[/]'} "
+                f"({v.message()}); publisher: {publisher.describe()}")
+        for k, val in sorted(want.labels.items()):
+            c.print(f"  label {k}={val}")
+        verb = "would change" if dry_run else "changed"
+        for line in result.changed or ["nothing"]:
+            c.print(f"  {verb}: {line}")
+        c.print(f"  writes: {result.writes}; {result.detail}" if result.detail else f"  writes: {result.writes}")
+    return 0 if result.ok else 1

@@ -1,0 +1,43 @@
+"""Small helpers shared by the benchmarks: medians of whole-process runs, fixture trees."""
+
+from __future__ import annotations
+
+import os
+import statistics
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+REPO = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(REPO))
+
+
+def build_host(scenario: str) -> Path:
+    from tests.fixtures import hostgen
+
+    return hostgen.build(scenario, Path(tempfile.mkdtemp(prefix=f"gpu-tune-bench-{scenario}-")))
+
+
+def gpu_tune_argv() -> list[str]:
+    exe = Path(sys.executable).with_name("gpu-tune")
+    return [str(exe)] if exe.exists() else [sys.executable, "-m", "agent.cli"]
+
+
+def time_process(argv: list[str], runs: int = 15, warmup: int = 2, ok_codes=(0, 1)) -> list[float]:
+    env = {**os.environ}
+    times = []
+    for i in range(warmup + runs):
+        t0 = time.perf_counter()
+        p = subprocess.run(argv, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, env=env)
+        dt = time.perf_counter() - t0
+        if p.returncode not in ok_codes:
+            raise SystemExit(f"{' '.join(argv)} exited {p.returncode}: {p.stderr.decode()[-500:]}")
+        if i >= warmup:
+            times.append(dt)
+    return times
+
+
+def median_ms(xs: list[float]) -> float:
+    return statistics.median(xs) * 1000.0
