@@ -2,8 +2,11 @@
 
 from __future__ import annotations
 
+from .allocator import AllocatorKnob
 from .base import Context, Knob
 from .cpu_governor import CpuGovernorKnob
+from .gpu_persistence import GpuPersistenceKnob
+from .irq_affinity import IrqAffinityKnob
 from .sysctl import SysctlKnob
 from .thp import ThpKnob
 
@@ -11,6 +14,9 @@ KNOBS: tuple[Knob, ...] = (
     SysctlKnob(),
     ThpKnob(),
     CpuGovernorKnob(),
+    GpuPersistenceKnob(),
+    IrqAffinityKnob(),
+    AllocatorKnob(),
 )
 
 BY_FAMILY: dict[str, Knob] = {k.family: k for k in KNOBS}

@@ -1,0 +1,95 @@
+"""``gpu.persistence_mode`` per GPU (target = GPU index) through the GPU backend (NVML).
+
+Without a GPU/driver: one ``unsupported`` row (target ``-``). A lost GPU: an ``error`` row.
+On recent drivers ``nvidia-persistenced`` is the preferred owner of persistence mode: with
+``gpu.persistenced: prefer`` and the daemon running (``/proc/[pid]/comm`` is ``nvidia-persiste``,
+the kernel cuts comm to 15 characters) the knob only reports: ``ok`` when the mode is what the
+profile wants, else ``conflict`` with a hint, and it never writes. Otherwise the mode is set
+through NVML; the original is journalled and restored like every other knob.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from ..errors import HostError
+from ..model import Setting
+from .base import Context, Knob
+from .irq_affinity import running_comms
+
+PERSISTENCED_COMMS = frozenset({"nvidia-persiste", "nvidia-persistenced"})
+
+
+def _word(on: bool | None) -> str | None:
+    return None if on is None else ("on" if on else "off")
+
+
+class GpuPersistenceKnob(Knob):
+    family = "gpu"
+    files = ("NVML: nvmlDeviceGetPersistenceMode / nvmlDeviceSetPersistenceMode", "/proc/[pid]/comm")
+
+    def wanted(self, profile) -> bool:
+        return profile.gpu.persistence_mode is not None
+
+    def read(self, ctx: Context) -> list[Setting]:
+        desired = _word(ctx.profile.gpu.persistence_mode) or "on"
+        backend = ctx.gpu
+        if backend is None or backend.name == "none":
+            return [Setting("gpu.persistence_mode", "-", None, desired, "unsupported", "no NVIDIA GPU/driver")]
+        try:
+            infos = list(backend.gpus())  # fresh: a verify after apply must see the new mode
+        except Exception as exc:  # a backend failure is a row, not a crash
+            return [Setting("gpu.persistence_mode", "-", None, desired, "error", f"GPU backend: {exc}")]
+        if not infos:
+            return [Setting("gpu.persistence_mode", "-", None, desired, "unsupported", "no NVIDIA GPU/driver")]
+        daemon = (ctx.profile.gpu.persistenced == "prefer"
+                  and bool(PERSISTENCED_COMMS & running_comms(ctx)))
+        rows = []
+        for info in infos:
+            target = str(info.index)
+            if info.error:
+                rows.append(Setting("gpu.persistence_mode", target, None, desired, "error", info.error))
+                continue
+            current = _word(info.persistence_mode)
+            if current is None:
+                rows.append(Setting("gpu.persistence_mode", target, None, desired, "unsupported",
+                                    "the driver does not report persistence mode for this GPU"))
+                continue
+            handle = {"index": info.index, "uuid": info.uuid}
+            if daemon:
+                if current == desired:
+                    rows.append(Setting("gpu.persistence_mode", target, current, desired, "ok",
+                                        "managed by nvidia-persistenced", None, handle))
+                else:
+                    hint = ("nvidia-persistenced is running and owns persistence mode: restart it with "
+                            "--persistence-mode" if desired == "on" else
+                            "nvidia-persistenced is running and keeps persistence mode on: stop it")
+                    rows.append(Setting("gpu.persistence_mode", target, current, desired, "conflict",
+                                        hint + " (or set gpu.persistenced: ignore)", None, handle))
+                continue
+            status = "ok" if current == desired else "drift"
+            rows.append(Setting("gpu.persistence_mode", target, current, desired, status, "", None, handle))
+        return rows
+
+    def snapshot(self, ctx: Context, row: Setting) -> dict[str, Any]:
+        if row.current not in ("on", "off"):
+            raise HostError(f"gpu.persistence_mode[{row.target}]: original mode unknown, nothing to record")
+        handle = row.handle or {}
+        return {"index": int(row.target), "uuid": handle.get("uuid"), "value": row.current}
+
+    def apply(self, ctx: Context, row: Setting) -> None:
+        if ctx.gpu is None:
+            raise HostError(f"gpu.persistence_mode[{row.target}]: no GPU backend")
+        ctx.gpu.set_persistence_mode(int(row.target), row.desired == "on")
+
+    def restore(self, ctx: Context, entry: dict[str, Any]) -> None:
+        if ctx.gpu is None:
+            raise HostError(f"gpu.persistence_mode[{entry.get('index')}]: no GPU backend")
+        index = int(entry["index"])
+        uuid = entry.get("uuid")
+        if uuid:  # indices may change across reboots; the UUID does not
+            for info in ctx.gpu.gpus():
+                if info.uuid == uuid:
+                    index = info.index
+                    break
+        ctx.gpu.set_persistence_mode(index, entry["value"] == "on")

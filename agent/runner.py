@@ -1,0 +1,167 @@
+"""``gpu-tune run [--gpu N | --numa-node K] [--profile P] -- CMD ...``: exec a workload bound to
+its GPU's NUMA node (CPU affinity to the node's CPUs, memory bound to the node) with the
+profile's allocator preload.
+
+Binding uses ``numactl --physcpubind=<cpus> --membind=<node> --`` when numactl is installed, else
+``python -m agent.bind`` (sched_setaffinity + set_mempolicy(MPOL_BIND), then exec).
+
+Two path worlds: the jemalloc preloaded here must exist in *this process's* filesystem (the
+container, in the DaemonSet), so it is looked up in this process's library folders, never under
+``--root``; see :data:`LocalPath` versus :data:`agent.knobs.allocator.HostPath`.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+import shutil
+import sys
+from dataclasses import dataclass
+from typing import TYPE_CHECKING, Mapping, NewType, NoReturn
+
+from .errors import InputError
+from .parse import format_cpulist
+
+if TYPE_CHECKING:  # pragma: no cover
+    from .policy import Profile
+    from .topology import Topology
+
+log = logging.getLogger("gpu_tune")
+
+# A path in this process's own filesystem (what exec and the dynamic loader here will see).
+LocalPath = NewType("LocalPath", str)
+
+LOCAL_LIB_DIRS: tuple[str, ...] = (
+    "/usr/lib/x86_64-linux-gnu", "/usr/lib/aarch64-linux-gnu", "/lib/x86_64-linux-gnu",
+    "/lib/aarch64-linux-gnu", "/usr/lib64", "/lib64", "/usr/lib", "/lib", "/usr/local/lib",
+    "/usr/local/lib64",
+)
+JEMALLOC_SONAME = "libjemalloc.so.2"
+
+
+@dataclass(frozen=True)
+class Binding:
+    numa_node: int | None
+    cpus: frozenset[int]
+    gpu_index: int | None
+    gpu_uuid: str | None
+    warnings: tuple[str, ...] = ()
+
+    def describe(self) -> str:
+        where = f"node {self.numa_node}" if self.numa_node is not None else "no NUMA node"
+        gpu = f"GPU {self.gpu_index}, " if self.gpu_index is not None else ""
+        return f"{gpu}{where}, CPUs {format_cpulist(self.cpus) or 'all'}"
+
+
+class EnvResult(dict):
+    """The workload's environment (a plain dict) plus the warnings met while building it."""
+
+    warnings: tuple[str, ...] = ()
+
+
+def binding_for(topology: "Topology", *, gpu: int | None = None, numa_node: int | None = None) -> Binding:
+    """Where a workload for GPU ``gpu`` (or NUMA node ``numa_node``) should run."""
+    if gpu is not None and numa_node is not None:
+        raise InputError("--gpu and --numa-node are exclusive: give one")
+    if gpu is not None:
+        dev = topology.gpu(gpu)
+        if dev is None:
+            known = ", ".join(str(g.gpu_index) for g in topology.gpus if g.gpu_index is not None) or "none"
+            raise InputError(f"--gpu {gpu}: no such GPU (known: {known})")
+        if dev.numa_node is None:
+            msg = (f"GPU {gpu} ({dev.address}): NUMA node unknown; running on all CPUs without a "
+                   "memory binding")
+            log.warning("%s", msg)
+            return Binding(None, topology.cpus_online, gpu, dev.gpu_uuid, (msg,))
+        return Binding(dev.numa_node, topology.node_cpus(dev.numa_node), gpu, dev.gpu_uuid)
+    if numa_node is not None:
+        node = topology.node(numa_node)
+        if node is None:
+            known = ", ".join(str(n.id) for n in topology.numa_nodes) or "none"
+            raise InputError(f"--numa-node {numa_node}: no such NUMA node (known: {known})")
+        return Binding(numa_node, node.cpus, None, None)
+    return Binding(None, frozenset(), None, None)
+
+
+def bind_prefix(binding: Binding) -> list[str]:
+    """The command words that bind what follows them (empty when nothing is to be bound)."""
+    cpus = format_cpulist(binding.cpus)
+    if not cpus and binding.numa_node is None:
+        return []
+    numactl = shutil.which("numactl")
+    if numactl:
+        out = [numactl]
+        if cpus:
+            out.append(f"--physcpubind={cpus}")
+        if binding.numa_node is not None:
+            out.append(f"--membind={binding.numa_node}")
+        return out + ["--"]
+    out = [sys.executable, "-m", "agent.bind"]
+    if cpus:
+        out += ["--cpus", cpus]
+    if binding.numa_node is not None:
+        out += ["--node", str(binding.numa_node)]
+    return out + ["--"]
+
+
+def find_local_jemalloc(dirs: tuple[str, ...] = LOCAL_LIB_DIRS) -> LocalPath | None:
+    """``libjemalloc.so.2`` in this process's own library folders (deliberately not under --root)."""
+    for d in dirs:
+        p = os.path.join(d, JEMALLOC_SONAME)
+        if os.path.isfile(p):
+            return LocalPath(p)
+    return None
+
+
+def workload_env(binding: Binding, profile: "Profile", base_env: Mapping[str, str]) -> EnvResult:
+    """The environment for the bound workload: GPU visibility and the allocator preload."""
+    env = EnvResult(base_env)
+    warnings: list[str] = list(binding.warnings)
+    if binding.gpu_index is not None:
+        env["CUDA_VISIBLE_DEVICES"] = binding.gpu_uuid or str(binding.gpu_index)
+    alloc = profile.allocator
+    if alloc.preload == "jemalloc":
+        lib = find_local_jemalloc()
+        if lib is None:
+            warnings.append("allocator.preload is jemalloc but libjemalloc.so.2 is not installed here "
+                            "(apt-get install libjemalloc2 / dnf install jemalloc); running without it")
+        else:
+            existing = [p for p in env.get("LD_PRELOAD", "").replace(":", " ").split() if p]
+            if lib not in existing:
+                existing.insert(0, lib)
+            env["LD_PRELOAD"] = ":".join(existing)
+            if alloc.malloc_conf:
+                env["MALLOC_CONF"] = alloc.malloc_conf
+    env.warnings = tuple(warnings)
+    return env
+
+
+def exec_run(binding: Binding, profile: "Profile", argv: list[str]) -> NoReturn:
+    """Replace this process with ``argv`` bound as ``binding`` says. Returns only by raising."""
+    if not argv:
+        raise InputError("gpu-tune run: no command given after --")
+    try:
+        allowed = frozenset(os.sched_getaffinity(0))
+    except OSError:
+        allowed = frozenset()
+    if binding.cpus and allowed and not binding.cpus <= allowed:
+        usable = binding.cpus & allowed
+        if not usable:
+            raise InputError(f"none of the CPUs {format_cpulist(binding.cpus)} ({binding.describe()}) may be "
+                             f"used by this process (allowed: {format_cpulist(allowed)})")
+        log.warning("CPUs %s are outside this process's cpuset; binding to %s",
+                    format_cpulist(binding.cpus - allowed), format_cpulist(usable))
+        binding = Binding(binding.numa_node, usable, binding.gpu_index, binding.gpu_uuid, binding.warnings)
+    env = workload_env(binding, profile, os.environ)
+    for w in env.warnings:
+        log.warning("%s", w)
+    full = bind_prefix(binding) + list(argv)
+    log.info("run: %s: %s", binding.describe(), " ".join(full))
+    sys.stdout.flush()
+    sys.stderr.flush()
+    try:
+        os.execvpe(full[0], full, dict(env))
+    except FileNotFoundError:
+        raise InputError(f"gpu-tune run: {full[0]}: command not found") from None
+    except OSError as exc:
+        raise InputError(f"gpu-tune run: {full[0]}: {exc.strerror or exc}") from None

@@ -1,0 +1,435 @@
+"""Topology discovery from the kernel's own files under ``--root``.
+
+``discover(fs, gpus)`` reads:
+
+- NUMA nodes: ``/sys/devices/system/node/{online,nodeN/cpulist,nodeN/meminfo,nodeN/distance}``;
+- CPUs: ``/sys/devices/system/cpu/online``, sockets and the model from ``/proc/cpuinfo``
+  (``physical id``, ``model name``), falling back to ``cpuN/topology/physical_package_id`` and, on
+  the live host only, to py-cpuinfo;
+- GPUs: ``/sys/bus/pci/devices/*`` with vendor ``0x10de`` and class ``0x0300xx``/``0x0302xx``;
+- NICs: ``/sys/class/net/*/device`` and ``/sys/class/infiniband/*/device`` (their PCI function);
+- for every GPU and NIC: ``numa_node``, ``local_cpulist``, the PCIe link (current/max speed and
+  width) and the MSI/MSI-X IRQs listed in ``msi_irqs/``.
+
+``numa_node`` is ``-1`` where firmware gives none: the node is then derived from the device's
+``local_cpulist`` (the node whose CPU list equals or contains it) or left unknown (``None``,
+``numa_source="unknown"``), never guessed. GPUs are matched to the backend's GPUs by PCI bus id,
+and NVML's CPU affinity is cross-checked against sysfs (a mismatch becomes a warning).
+Nothing here reads per-IRQ files: IRQs are only listed.
+"""
+
+from __future__ import annotations
+
+import logging
+from dataclasses import dataclass, field
+from typing import TYPE_CHECKING, Any, Iterable, Literal
+
+from .errors import HostError
+from .parse import (ParseError, format_cpulist, parse_cpulist, parse_cpumask, parse_int, parse_link_speed,
+                    parse_link_width, parse_meminfo)
+
+if TYPE_CHECKING:  # pragma: no cover
+    from .gpu.base import GpuBackend, GpuInfo
+    from .hostfs import HostFS
+
+log = logging.getLogger("gpu_tune")
+
+NODE_DIR = "/sys/devices/system/node"
+CPU_DIR = "/sys/devices/system/cpu"
+PCI_DIR = "/sys/bus/pci/devices"
+NET_DIR = "/sys/class/net"
+IB_DIR = "/sys/class/infiniband"
+
+NVIDIA_VENDOR = "0x10de"
+GPU_CLASS_PREFIXES = ("0x0300", "0x0302")  # VGA-compatible, 3D controller
+
+NumaSource = Literal["firmware", "local_cpulist", "unknown"]
+
+
+def normalize_bus_id(bus_id: str) -> str:
+    """NVML's ``00000000:18:00.0`` (or ``0000:18:00.0``, any case) -> sysfs ``0000:18:00.0``."""
+    s = bus_id.strip().lower()
+    parts = s.split(":")
+    if len(parts) == 3:
+        dom = parts[0][-4:].rjust(4, "0")
+        return f"{dom}:{parts[1].rjust(2, '0')}:{parts[2]}"
+    if len(parts) == 2:  # "18:00.0" without a domain
+        return f"0000:{parts[0].rjust(2, '0')}:{parts[1]}"
+    return s
+
+
+@dataclass(frozen=True)
+class NumaNode:
+    id: int
+    cpus: frozenset[int]
+    memory_total_kib: int | None
+    distances: tuple[int, ...]
+
+
+@dataclass(frozen=True)
+class PciDevice:
+    address: str
+    kind: Literal["gpu", "nic"]
+    vendor: str
+    device: str
+    pci_class: str
+    numa_node: int | None
+    numa_source: NumaSource
+    local_cpus: frozenset[int]
+    link_gen_current: int | None
+    link_gen_max: int | None
+    link_width_current: int | None
+    link_width_max: int | None
+    irqs: tuple[int, ...]
+    names: tuple[str, ...] = ()
+    gpu_index: int | None = None
+    gpu_name: str | None = None
+    gpu_uuid: str | None = None
+    rdma: bool = False  # a NIC with an RDMA (infiniband) device
+
+    @property
+    def link_degraded(self) -> bool:
+        """The link trained below what both ends can do (lower generation or width)."""
+        gen = (self.link_gen_current is not None and self.link_gen_max is not None
+               and self.link_gen_current < self.link_gen_max)
+        width = (self.link_width_current is not None and self.link_width_max is not None
+                 and self.link_width_current < self.link_width_max)
+        return gen or width
+
+    @property
+    def label(self) -> str:
+        if self.kind == "gpu":
+            return f"GPU {self.gpu_index} ({self.address})" if self.gpu_index is not None else f"GPU {self.address}"
+        return f"NIC {self.names[0] if self.names else ''} ({self.address})".replace(" ()", "")
+
+    def pcie_dict(self) -> dict[str, Any]:
+        return {"gen_current": self.link_gen_current, "gen_max": self.link_gen_max,
+                "width_current": self.link_width_current, "width_max": self.link_width_max,
+                "degraded": self.link_degraded}
+
+
+@dataclass(frozen=True)
+class Topology:
+    numa_nodes: tuple[NumaNode, ...]
+    cpus_online: frozenset[int]
+    sockets: int
+    cpu_model: str
+    gpus: tuple[PciDevice, ...]
+    nics: tuple[PciDevice, ...]
+    gpu_local_nics: dict[str, tuple[str, ...]] = field(default_factory=dict)  # GPU address -> NIC names
+    warnings: tuple[str, ...] = ()
+
+    def gpu(self, index: int) -> PciDevice | None:
+        for g in self.gpus:
+            if g.gpu_index == index:
+                return g
+        return None
+
+    def node(self, id: int) -> NumaNode | None:  # noqa: A002 - the kernel's word
+        for n in self.numa_nodes:
+            if n.id == id:
+                return n
+        return None
+
+    def node_cpus(self, id: int) -> frozenset[int]:
+        n = self.node(id)
+        return n.cpus if n is not None else frozenset()
+
+    def as_dict(self) -> dict[str, Any]:
+        """The JSON document of ``gpu-tune topology -o json`` and ``GET /topology``."""
+        nodes = []
+        for n in self.numa_nodes:
+            nodes.append({
+                "id": n.id, "cpus": format_cpulist(n.cpus), "cpu_count": len(n.cpus),
+                "memory_total_kib": n.memory_total_kib, "distances": list(n.distances),
+                "gpus": [g.gpu_index if g.gpu_index is not None else g.address
+                         for g in self.gpus if g.numa_node == n.id],
+                "nics": [_nic_name(d) for d in self.nics if d.numa_node == n.id],
+            })
+        gpus = []
+        for g in self.gpus:
+            gpus.append({
+                "index": g.gpu_index, "uuid": g.gpu_uuid, "name": g.gpu_name, "pci_bus_id": g.address,
+                "vendor": g.vendor, "device": g.device,
+                "numa_node": g.numa_node, "numa_source": g.numa_source,
+                "local_cpus": format_cpulist(g.local_cpus), "pcie": g.pcie_dict(),
+                "irq_count": len(g.irqs), "local_nics": list(self.gpu_local_nics.get(g.address, ())),
+            })
+        nics = []
+        for d in self.nics:
+            nics.append({
+                "name": _nic_name(d), "names": list(d.names), "pci_bus_id": d.address,
+                "kind": "rdma" if d.rdma else "net", "vendor": d.vendor, "device": d.device,
+                "numa_node": d.numa_node, "numa_source": d.numa_source,
+                "local_cpus": format_cpulist(d.local_cpus), "pcie": d.pcie_dict(), "irq_count": len(d.irqs),
+            })
+        return {
+            "numa_nodes": nodes, "cpus_online": format_cpulist(self.cpus_online),
+            "cpu_count": len(self.cpus_online), "sockets": self.sockets, "cpu_model": self.cpu_model,
+            "gpus": gpus, "nics": nics, "warnings": list(self.warnings),
+        }
+
+
+def _nic_name(d: PciDevice) -> str:
+    return d.names[0] if d.names else d.address
+
+
+# -- reading pieces -------------------------------------------------------------------------------
+def _cpulist(text: str | None) -> frozenset[int] | None:
+    if text is None:
+        return None
+    try:
+        return parse_cpulist(text)
+    except (ParseError, ValueError):
+        return None
+
+
+def _online_cpus(fs: "HostFS", warnings: list[str]) -> frozenset[int]:
+    cpus = _cpulist(fs.read_optional(f"{CPU_DIR}/online"))
+    if cpus:
+        return cpus
+    found = frozenset(int(n[3:]) for n in fs.listdir(CPU_DIR) if n.startswith("cpu") and n[3:].isdigit())
+    if not found:
+        warnings.append(f"{CPU_DIR}/online: unreadable and no cpuN directories")
+    return found
+
+
+def _numa_nodes(fs: "HostFS", cpus_online: frozenset[int], warnings: list[str]) -> tuple[NumaNode, ...]:
+    ids = _cpulist(fs.read_optional(f"{NODE_DIR}/online"))
+    if ids is None:
+        ids = frozenset(int(n[4:]) for n in fs.listdir(NODE_DIR) if n.startswith("node") and n[4:].isdigit())
+    nodes = []
+    for nid in sorted(ids):
+        base = f"{NODE_DIR}/node{nid}"
+        cpus = _cpulist(fs.read_optional(f"{base}/cpulist"))
+        if cpus is None:
+            cpus = frozenset()
+            warnings.append(f"{base}/cpulist: unreadable")
+        mem_text = fs.read_optional(f"{base}/meminfo")
+        mem = parse_meminfo(mem_text).get("MemTotal") if mem_text else None
+        dist_text = fs.read_optional(f"{base}/distance") or ""
+        dist = tuple(int(x) for x in dist_text.split() if x.isdigit())
+        nodes.append(NumaNode(nid, cpus & cpus_online if cpus_online else cpus, mem, dist))
+    if not nodes:
+        # A kernel without NUMA support shows no node directory: the whole machine is one node.
+        mem_text = fs.read_optional("/proc/meminfo")
+        mem = parse_meminfo(mem_text).get("MemTotal") if mem_text else None
+        warnings.append(f"{NODE_DIR}: no NUMA nodes listed; treating the machine as node 0")
+        nodes.append(NumaNode(0, cpus_online, mem, (10,)))
+    return tuple(nodes)
+
+
+def _cpu_model_and_sockets(fs: "HostFS", cpus_online: frozenset[int]) -> tuple[str, int]:
+    model = None
+    packages: set[str] = set()
+    text = fs.read_optional("/proc/cpuinfo") or ""
+    for line in text.splitlines():
+        if ":" not in line:
+            continue
+        key, _, value = line.partition(":")
+        key = key.strip()
+        if key == "physical id":
+            packages.add(value.strip())
+        elif model is None and key in ("model name", "Model", "cpu model"):
+            model = value.strip() or None
+    if not packages:
+        for cpu in sorted(cpus_online):
+            pid = fs.read_optional(f"{CPU_DIR}/cpu{cpu}/topology/physical_package_id")
+            if pid is not None:
+                packages.add(pid)
+    if model is None and str(fs.root) == "/":
+        model = _py_cpuinfo_model()
+    return model or "unknown", max(1, len(packages))
+
+
+def _py_cpuinfo_model() -> str | None:
+    """py-cpuinfo on the live host only (it inspects this process's CPU, and is slow to import)."""
+    try:
+        import cpuinfo  # noqa: PLC0415
+
+        info = cpuinfo.get_cpu_info()
+    except Exception as exc:  # py-cpuinfo raises many kinds on odd platforms
+        log.debug("py-cpuinfo failed: %s", exc)
+        return None
+    return info.get("brand_raw") or None
+
+
+def _derive_node(local: frozenset[int], nodes: tuple[NumaNode, ...]) -> int | None:
+    """The node whose CPU list equals or contains ``local``; None when none or several do."""
+    if not local:
+        return None
+    hits = [n.id for n in nodes if n.cpus and local <= n.cpus]
+    return hits[0] if len(hits) == 1 else None
+
+
+def _read_device(fs: "HostFS", address: str, kind: str, nodes: tuple[NumaNode, ...],
+                 cpus_online: frozenset[int]) -> PciDevice:
+    base = f"{PCI_DIR}/{address}"
+    vendor = (fs.read_optional(f"{base}/vendor") or "").lower()
+    device = (fs.read_optional(f"{base}/device") or "").lower()
+    pci_class = (fs.read_optional(f"{base}/class") or "").lower()
+    local = _cpulist(fs.read_optional(f"{base}/local_cpulist"))
+    if local is None:
+        mask = fs.read_optional(f"{base}/local_cpus")
+        try:
+            local = parse_cpumask(mask) if mask else frozenset()
+        except ParseError:
+            local = frozenset()
+    if cpus_online:
+        local = local & cpus_online
+    node_ids = {n.id for n in nodes}
+    raw_node = parse_int(fs.read_optional(f"{base}/numa_node"), -1)
+    source: NumaSource
+    if raw_node is not None and raw_node >= 0 and raw_node in node_ids:
+        numa, source = raw_node, "firmware"
+    else:
+        numa = _derive_node(local, nodes)
+        source = "local_cpulist" if numa is not None else "unknown"
+    irqs = tuple(sorted(int(n) for n in fs.listdir(f"{base}/msi_irqs") if n.isdigit()))
+    return PciDevice(
+        address=address, kind=kind, vendor=vendor, device=device, pci_class=pci_class,  # type: ignore[arg-type]
+        numa_node=numa, numa_source=source, local_cpus=local,
+        link_gen_current=parse_link_speed(fs.read_optional(f"{base}/current_link_speed")),
+        link_gen_max=parse_link_speed(fs.read_optional(f"{base}/max_link_speed")),
+        link_width_current=parse_link_width(fs.read_optional(f"{base}/current_link_width")),
+        link_width_max=parse_link_width(fs.read_optional(f"{base}/max_link_width")),
+        irqs=irqs,
+    )
+
+
+def _nic_addresses(fs: "HostFS") -> dict[str, tuple[list[str], bool]]:
+    """PCI address -> (interface names, has an RDMA device), from /sys/class/{net,infiniband}."""
+    out: dict[str, tuple[list[str], bool]] = {}
+    for cls_dir, rdma in ((NET_DIR, False), (IB_DIR, True)):
+        for name in fs.listdir(cls_dir):
+            link = f"{cls_dir}/{name}/device"
+            if not fs.exists(link):
+                continue  # virtual interfaces (lo, bonds, veth) have no device
+            real = fs.realpath(link)
+            address = real.rstrip("/").rsplit("/", 1)[-1]
+            if not fs.exists(f"{PCI_DIR}/{address}"):
+                continue  # not a PCI function (e.g. a USB or virtio platform device)
+            names, has_rdma = out.get(address, ([], False))
+            names.append(name)
+            out[address] = (names, has_rdma or rdma)
+    return out
+
+
+def _gpu_infos(gpus: Any) -> tuple[list["GpuInfo"], Any]:
+    """Accept a GpuBackend, a list of GpuInfo, or None; return (infos, backend or None)."""
+    if gpus is None:
+        return [], None
+    if hasattr(gpus, "gpus") and callable(gpus.gpus):
+        return list(gpus.gpus()), gpus
+    return list(gpus), None
+
+
+# -- discover -----------------------------------------------------------------------------------
+def discover(fs: "HostFS", gpus: "GpuBackend | Iterable[GpuInfo] | None" = None) -> Topology:
+    """Read the topology of the host under ``fs.root``. Never raises for a missing file: what
+    cannot be read is left unknown and named in ``warnings``."""
+    warnings: list[str] = []
+    cpus_online = _online_cpus(fs, warnings)
+    nodes = _numa_nodes(fs, cpus_online, warnings)
+    model, sockets = _cpu_model_and_sockets(fs, cpus_online)
+
+    nic_map = _nic_addresses(fs)
+    gpu_devs: list[PciDevice] = []
+    nic_devs: list[PciDevice] = []
+    try:
+        addresses = fs.listdir(PCI_DIR)
+    except HostError as exc:
+        warnings.append(str(exc))
+        addresses = []
+    for address in addresses:
+        base = f"{PCI_DIR}/{address}"
+        if address in nic_map:
+            names, rdma = nic_map[address]
+            dev = _read_device(fs, address, "nic", nodes, cpus_online)
+            nic_devs.append(_with(dev, names=tuple(names), rdma=rdma))
+            continue
+        vendor = (fs.read_optional(f"{base}/vendor") or "").lower()
+        if vendor != NVIDIA_VENDOR:
+            continue
+        cls = (fs.read_optional(f"{base}/class") or "").lower()
+        if not cls.startswith(GPU_CLASS_PREFIXES):
+            continue  # NVSwitch bridges, audio functions, ...
+        gpu_devs.append(_read_device(fs, address, "gpu", nodes, cpus_online))
+
+    # Match the backend's GPUs by PCI bus id.
+    infos, backend = _gpu_infos(gpus)
+    by_addr = {d.address: d for d in gpu_devs}
+    matched: dict[str, PciDevice] = {}
+    for info in infos:
+        if not info.pci_bus_id:  # e.g. a lost GPU that could not even say where it sits
+            warnings.append(f"GPU {info.index}: not placed in the topology: {info.error or 'no PCI bus id'}")
+            continue
+        addr = normalize_bus_id(info.pci_bus_id)
+        dev = by_addr.get(addr)
+        if dev is None:
+            warnings.append(f"GPU {info.index} ({addr}) is reported by the GPU backend but not found "
+                            f"under {PCI_DIR}; its NUMA node is unknown")
+            dev = PciDevice(addr, "gpu", NVIDIA_VENDOR, "", "", None, "unknown", frozenset(),
+                            info.pcie_link_gen_current, info.pcie_link_gen_max,
+                            info.pcie_link_width_current, info.pcie_link_width_max, ())
+        matched[addr] = _with(dev, gpu_index=info.index, gpu_name=info.name, gpu_uuid=info.uuid)
+    for d in gpu_devs:
+        matched.setdefault(d.address, d)
+    final_gpus = sorted(matched.values(),
+                        key=lambda d: (d.gpu_index is None, d.gpu_index if d.gpu_index is not None else 0, d.address))
+
+    for g in final_gpus:
+        if g.numa_source == "unknown" and g.address in by_addr:
+            warnings.append(f"{g.label}: NUMA node unknown (numa_node is -1 and local_cpulist "
+                            f"{format_cpulist(g.local_cpus) or 'empty'} is not within one node)")
+        elif g.numa_source == "local_cpulist":
+            warnings.append(f"{g.label}: numa_node is -1; node {g.numa_node} derived from local_cpulist")
+        if g.link_degraded:
+            warnings.append(f"{g.label}: PCIe link runs at gen{g.link_gen_current} x{g.link_width_current}, "
+                            f"capable of gen{g.link_gen_max} x{g.link_width_max}")
+        if backend is not None and g.gpu_index is not None:
+            warnings.extend(_cross_check(backend, g, nodes))
+    for n in nic_devs:
+        if n.numa_source == "unknown":
+            warnings.append(f"{n.label}: NUMA node unknown (numa_node is -1 and local_cpulist is not within one node)")
+        if n.link_degraded:
+            warnings.append(f"{n.label}: PCIe link runs at gen{n.link_gen_current} x{n.link_width_current}, "
+                            f"capable of gen{n.link_gen_max} x{n.link_width_max}")
+
+    local_nics: dict[str, tuple[str, ...]] = {}
+    for g in final_gpus:
+        if g.numa_node is None:
+            local_nics[g.address] = ()
+            continue
+        local_nics[g.address] = tuple(_nic_name(n) for n in nic_devs if n.numa_node == g.numa_node)
+
+    return Topology(
+        numa_nodes=nodes, cpus_online=cpus_online, sockets=sockets, cpu_model=model,
+        gpus=tuple(final_gpus), nics=tuple(nic_devs), gpu_local_nics=local_nics, warnings=tuple(warnings),
+    )
+
+
+def _cross_check(backend: Any, g: PciDevice, nodes: tuple[NumaNode, ...]) -> list[str]:
+    try:
+        aff = backend.cpu_affinity(g.gpu_index)
+    except Exception as exc:  # a backend error is a warning here, never a failed discovery
+        return [f"{g.label}: CPU affinity from the GPU backend unavailable: {exc}"]
+    if not aff:
+        return []
+    if g.numa_node is None:
+        hint = _derive_node(frozenset(aff), nodes)
+        where = f" (within node {hint})" if hint is not None else ""
+        return [f"{g.label}: NUMA node unknown in sysfs; the GPU backend gives CPU affinity "
+                f"{format_cpulist(aff)}{where}"]
+    node_cpus = next((n.cpus for n in nodes if n.id == g.numa_node), frozenset())
+    expected = g.local_cpus or node_cpus
+    if frozenset(aff) != expected:
+        return [f"{g.label}: CPU affinity from the GPU backend ({format_cpulist(aff)}) differs from sysfs "
+                f"(node {g.numa_node}, local CPUs {format_cpulist(expected)})"]
+    return []
+
+
+def _with(dev: PciDevice, **kw: Any) -> PciDevice:
+    from dataclasses import replace
+
+    return replace(dev, **kw)
