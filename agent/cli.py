@@ -216,7 +216,7 @@ def _print_json(doc: Any) -> None:
 def _console():
     from rich.console import Console
 
-    return Console(highlight=False)
+    return Console(highlight=False, emoji=False)
 
 
 # -- commands -----------------------------------------------------------------------------------

@@ -55,7 +55,7 @@ def label_once(g: Any, *, profile: str, node: str | None, kubeconfig: str | None
     else:
         from rich.console import Console
 
-        c = Console(highlight=False)
+        c = Console(highlight=False, emoji=False)
         c.print(f"node [bold]{name}[/]: {'[green]ready[/]' if v.ready else '[yellow]not ready[/]'} "
                 f"({v.message()}); publisher: {publisher.describe()}")
         for k, val in sorted(want.labels.items()):

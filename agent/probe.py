@@ -568,31 +568,44 @@ def plan_targets(topology: Any, profile: Any, gpu_backend: Any, *, gpu: str | No
 
 # -- output ------------------------------------------------------------------------------------
 def render_probe_table(verdicts: Sequence[ProbeVerdict]):
-    """A rich Table: one row per target."""
+    """One block per target (GPU or CPU): status, device, figures, binding, reasons."""
+    from rich.console import Group
     from rich.table import Table
 
-    table = Table(title="MNIST probe", show_lines=False)
-    for col in ("gpu", "status", "device", "accuracy", "train img/s", "infer img/s @64", "binding", "seconds"):
-        table.add_column(col, no_wrap=col not in ("device", "binding"))
-    table.add_column("reasons", overflow="fold", ratio=1)
     style = {"passed": "green", "skipped": "yellow"}
+    blocks = []
     for v in verdicts:
         r = v.result or {}
         dev = r.get("device") or {}
         acc = r.get("accuracy")
         ips = r.get("train_images_per_second")
-        inf = (r.get("inference_images_per_second") or {}).get("64")
+        infer = r.get("inference_images_per_second") or {}
         host = r.get("host") or {}
-        binding = ""
+        t = Table(title=f"MNIST probe: {'GPU ' + v.gpu if v.gpu != 'cpu' else 'CPU'}", title_justify="left",
+                  show_header=False, box=None, pad_edge=False)
+        t.add_column("field", style="bold", no_wrap=True)
+        t.add_column("value", overflow="fold")
+        t.add_row("status", f"[{style.get(v.status, 'red')}]{v.status}[/] after {v.attempts} attempt(s), "
+                            f"{v.duration_seconds:.1f} s")
+        if dev:
+            cc = f", compute capability {dev['compute_capability']}" if dev.get("compute_capability") else ""
+            t.add_row("device", f"{dev.get('kind', '?')}: {dev.get('name', '?')}{cc}")
+        if isinstance(acc, (int, float)):
+            t.add_row("accuracy", f"{acc:.4f}")
+        if isinstance(ips, (int, float)):
+            t.add_row("train", f"{ips:,.0f} images/s")
+        if infer:
+            t.add_row("inference", ", ".join(f"batch {b}: {x:,.0f}/s" for b, x in infer.items()
+                                             if isinstance(x, (int, float))))
         if host:
-            binding = f"cpus {host.get('cpu_affinity')} mems {host.get('mems_allowed')}"
-            if host.get("jemalloc_mapped"):
-                binding += " jemalloc"
-        table.add_row(
-            v.gpu, f"[{style.get(v.status, 'red')}]{v.status}[/]",
-            " ".join(x for x in (dev.get("name"), f"cc {dev['compute_capability']}" if dev.get("compute_capability") else None) if x),
-            f"{acc:.4f}" if isinstance(acc, (int, float)) else "-",
-            f"{ips:,.0f}" if isinstance(ips, (int, float)) else "-",
-            f"{inf:,.0f}" if isinstance(inf, (int, float)) else "-",
-            binding, f"{v.duration_seconds:.1f}", "; ".join(v.reasons + v.notes))
-    return table
+            binding = f"CPUs {host.get('cpu_affinity')}, memory nodes {host.get('mems_allowed')}, " \
+                      f"policy {host.get('mempolicy')}, jemalloc {'mapped' if host.get('jemalloc_mapped') else 'not mapped'}"
+            t.add_row("binding", binding)
+        for reason in v.reasons:
+            t.add_row("[red]reason[/]", reason)
+        for note in v.notes:
+            t.add_row("note", note)
+        if v.stderr_tail and v.status in ("crashed", "error", "timeout"):
+            t.add_row("stderr", v.stderr_tail[-600:])
+        blocks.append(t)
+    return Group(*blocks)

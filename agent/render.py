@@ -42,15 +42,20 @@ def compress_targets(targets: list[str]) -> str:
     return text
 
 
+# Per-target readings that should not split a group (an IRQ's effective CPU).
+_VOLATILE_DETAIL = re.compile(r";?\s*effective (affinity )?[0-9,-]+")
+
+
 def group_rows(rows: Iterable[Setting]) -> list[tuple[Setting, list[str]]]:
     """Merge rows equal in everything but the target, keeping first-seen order."""
     groups: dict[tuple, tuple[Setting, list[str]]] = {}
     for r in rows:
-        key = (r.id, r.current, r.desired, r.status, r.detail, r.changed)
+        detail = _VOLATILE_DETAIL.sub("", r.detail).strip()
+        key = (r.id, r.current, r.desired, r.status, detail, r.changed)
         if key in groups:
             groups[key][1].append(r.target)
         else:
-            groups[key] = (r, [r.target])
+            groups[key] = (r.with_(detail=detail) if detail != r.detail else r, [r.target])
     return list(groups.values())
 
 
@@ -72,10 +77,11 @@ def settings_table(title: str, rows: Iterable[Setting], *, show_changed: bool = 
         if row.current != row.desired:
             arrow.append(" → ")
             arrow.append(row.desired or "—", style="bold")
-        cells = [row.id, compress_targets(targets), arrow, Text(row.status, style=STATUS_STYLE.get(row.status, ""))]
+        cells = [Text(row.id), Text(compress_targets(targets)), arrow,
+                 Text(row.status, style=STATUS_STYLE.get(row.status, ""))]
         if show_changed:
-            cells.append("yes" if row.changed else "")
-        cells.append(row.detail)
+            cells.append(Text("yes" if row.changed else ""))
+        cells.append(Text(row.detail))
         table.add_row(*cells)
     return table
 

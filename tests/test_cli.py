@@ -178,3 +178,18 @@ def test_audit_imports_stay_light(make_host):
                        env={**os.environ, "PYTHONPATH": str(REPO)})
     assert "HEAVY=" in p.stderr
     assert p.stderr.split("HEAVY=")[1].strip() == ""
+
+
+def test_eight_gpu_node_table_groups_irqs_per_device(tmp_path, tmp_path_factory):
+    from tests.fixtures import pcigen
+
+    root = pcigen.build_shared("dgx-8gpu", tmp_path_factory)
+    fixture = tmp_path / "gpu.json"
+    fixture.write_text((REPO / "tests/fixtures/gpu/dgx-8gpu.json").read_text())
+    p = run_cli("audit", "--root", str(root), "--gpu-fixture", str(fixture), env={"COLUMNS": "220"})
+    assert p.returncode == 1, p.stderr
+    out = p.stdout
+    assert "0000:ab:00.0" in out  # rendered literally: no emoji or markup substitution
+    assert "cpu0-223 (224)" in out
+    assert "(118)" in out and "NIC mlx5_7" in out  # ~1,000 IRQs read as one row per device
+    assert len(out.splitlines()) < 80
