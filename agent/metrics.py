@@ -1,0 +1,216 @@
+"""Prometheus metrics (CONTRACT §5): one custom collector over one immutable snapshot.
+
+The collector reads the snapshot it is given (a callable returning the latest one); it defines
+``describe()`` so registering it does not collect. Each snapshot renders its exposition once
+(:func:`render_metrics`), so ``/metrics`` only returns bytes.
+
+Per-GPU series carry dcgm-exporter's label names (``gpu``, ``UUID``, ``pci_bus_id``,
+``modelName``, ``Hostname``) plus ``numa_node``, with dcgm-exporter's value formats: ``gpu`` is
+the index, ``pci_bus_id`` is NVML's form (``00000000:18:00.0``, 8-digit domain, upper-case hex)
+and ``Hostname`` is the node name, so ``on(UUID)`` or ``on(gpu, Hostname)`` joins with DCGM.
+"""
+
+from __future__ import annotations
+
+from datetime import datetime
+from typing import TYPE_CHECKING, Any, Callable, Iterator, Mapping
+
+from prometheus_client import CollectorRegistry, generate_latest
+from prometheus_client.core import GaugeMetricFamily
+from prometheus_client.registry import Collector
+
+from . import __version__
+
+if TYPE_CHECKING:  # pragma: no cover
+    from .app import Snapshot
+
+GPU_LABELS = ("gpu", "UUID", "pci_bus_id", "modelName", "Hostname", "numa_node")
+
+FAMILIES: dict[str, tuple[str, tuple[str, ...]]] = {
+    "gpu_tune_build_info": ("gpu-tune build information (always 1)", ("version",)),
+    "gpu_tune_ready": ("1 when the node passes every readiness check, else 0", ()),
+    "gpu_tune_check_ok": ("1 when the readiness check passes, else 0", ("check",)),
+    "gpu_tune_setting_compliant": ("1 when the setting is compliant with the profile (ok or unsupported), else 0",
+                                   ("id", "target")),
+    "gpu_tune_probe_accuracy": ("Test accuracy of the latest MNIST probe", GPU_LABELS),
+    "gpu_tune_probe_train_images_per_second": ("Training throughput of the latest MNIST probe", GPU_LABELS),
+    "gpu_tune_probe_duration_seconds": ("Wall time of the latest MNIST probe", GPU_LABELS),
+    "gpu_tune_probe_last_success_timestamp_seconds": ("Unix time the probe last passed", GPU_LABELS),
+    "gpu_tune_gpu_numa_node": ("NUMA node the GPU is attached to (-1 when the firmware gives none)", GPU_LABELS),
+    "gpu_tune_gpu_pcie_link_generation": ("PCIe link generation of the GPU", GPU_LABELS + ("kind",)),
+    "gpu_tune_gpu_pcie_link_width": ("PCIe link width (lanes) of the GPU", GPU_LABELS + ("kind",)),
+    "gpu_tune_collector_success": ("1 when the stage succeeded in its latest run, else 0", ("collector",)),
+    "gpu_tune_collector_duration_seconds": ("Duration of the stage's latest run", ("collector",)),
+}
+
+
+def nvml_bus_id(bus_id: str | None) -> str:
+    """``0000:18:00.0`` -> ``00000000:18:00.0`` (the form NVML and dcgm-exporter print)."""
+    if not bus_id:
+        return ""
+    s = str(bus_id).strip()
+    parts = s.split(":")
+    if len(parts) == 3:
+        dom, bus, devfn = parts
+        return f"{dom.upper().rjust(8, '0')[-8:]}:{bus.upper()}:{devfn.upper()}"
+    if len(parts) == 2:
+        return f"00000000:{parts[0].upper()}:{parts[1].upper()}"
+    return s.upper()
+
+
+def rfc3339_to_epoch(text: Any) -> float | None:
+    if not isinstance(text, str) or not text:
+        return None
+    try:
+        return datetime.fromisoformat(text.replace("Z", "+00:00")).timestamp()
+    except ValueError:
+        return None
+
+
+def _num(v: Any) -> float | None:
+    if isinstance(v, bool) or not isinstance(v, (int, float)):
+        return None
+    return float(v)
+
+
+def gpu_rows(snapshot: "Snapshot") -> list[dict[str, Any]]:
+    """One row per GPU, merging the topology (NUMA, PCIe from sysfs) with the backend's view."""
+    by_index: dict[str, dict[str, Any]] = {}
+    topo_gpus = (snapshot.topology or {}).get("gpus") or []
+    for g in topo_gpus:
+        if isinstance(g, Mapping) and g.get("index") is not None:
+            by_index[str(g["index"])] = {"topo": g, "info": None}
+    for g in snapshot.gpus:
+        if isinstance(g, Mapping) and g.get("index") is not None:
+            by_index.setdefault(str(g["index"]), {"topo": None, "info": None})["info"] = g
+    rows = []
+    for idx in sorted(by_index, key=lambda s: (len(s), s)):
+        topo, info = by_index[idx]["topo"] or {}, by_index[idx]["info"] or {}
+        numa = topo.get("numa_node")
+        numa = numa if isinstance(numa, int) and not isinstance(numa, bool) else None
+        pcie = topo.get("pcie") or {}
+
+        def pick(tkey: str, ikey: str) -> float | None:
+            v = _num(pcie.get(tkey))
+            return v if v is not None else _num(info.get(ikey))
+
+        rows.append({
+            "labels": {
+                "gpu": idx,
+                "UUID": str(info.get("uuid") or topo.get("uuid") or ""),
+                "pci_bus_id": nvml_bus_id(info.get("pci_bus_id") or topo.get("pci_bus_id")),
+                "modelName": str(info.get("name") or topo.get("name") or ""),
+                "Hostname": snapshot.node,
+                "numa_node": "" if numa is None else str(numa),
+            },
+            "numa_node": numa,
+            "gen_current": pick("gen_current", "pcie_link_gen_current"),
+            "gen_max": pick("gen_max", "pcie_link_gen_max"),
+            "width_current": pick("width_current", "pcie_link_width_current"),
+            "width_max": pick("width_max", "pcie_link_width_max"),
+        })
+    return rows
+
+
+class SnapshotCollector(Collector):
+    """Collects the families of :data:`FAMILIES` from ``source()`` (None: only build info)."""
+
+    def __init__(self, source: Callable[[], "Snapshot | None"]) -> None:
+        self.source = source
+
+    def describe(self) -> Iterator[GaugeMetricFamily]:
+        for name, (doc, labels) in FAMILIES.items():
+            yield GaugeMetricFamily(name, doc, labels=list(labels))
+
+    def _fam(self, name: str) -> GaugeMetricFamily:
+        doc, labels = FAMILIES[name]
+        return GaugeMetricFamily(name, doc, labels=list(labels))
+
+    def collect(self) -> Iterator[GaugeMetricFamily]:
+        snap = self.source()
+        build = self._fam("gpu_tune_build_info")
+        build.add_metric([__version__], 1)
+        yield build
+        if snap is None:
+            return
+        ready = self._fam("gpu_tune_ready")
+        ready.add_metric([], 1 if snap.verdict.ready else 0)
+        yield ready
+
+        checks = self._fam("gpu_tune_check_ok")
+        for c in snap.verdict.checks:
+            checks.add_metric([c.name], 1 if c.ok else 0)
+        yield checks
+
+        settings = self._fam("gpu_tune_setting_compliant")
+        for s in (snap.audit or {}).get("settings", []) or []:
+            ok = s.get("status") not in ("drift", "conflict", "error")
+            settings.add_metric([str(s.get("id")), str(s.get("target"))], 1 if ok else 0)
+        yield settings
+
+        rows = gpu_rows(snap)
+        labels_by_gpu = {r["labels"]["gpu"]: r["labels"] for r in rows}
+        acc = self._fam("gpu_tune_probe_accuracy")
+        ips = self._fam("gpu_tune_probe_train_images_per_second")
+        dur = self._fam("gpu_tune_probe_duration_seconds")
+        last = self._fam("gpu_tune_probe_last_success_timestamp_seconds")
+        seen = set()
+        for p in snap.probes:
+            gpu = str(p.get("gpu", ""))
+            seen.add(gpu)
+            lv = self._probe_labels(snap, labels_by_gpu, gpu)
+            res = p.get("result") or {}
+            if _num(res.get("accuracy")) is not None:
+                acc.add_metric(lv, _num(res["accuracy"]))
+            if _num(res.get("train_images_per_second")) is not None:
+                ips.add_metric(lv, _num(res["train_images_per_second"]))
+            if _num(p.get("duration_seconds")) is not None:
+                dur.add_metric(lv, _num(p["duration_seconds"]))
+        for gpu, ts in sorted(snap.probe_last_success.items()):
+            last.add_metric(self._probe_labels(snap, labels_by_gpu, gpu), float(ts))
+        yield acc
+        yield ips
+        yield dur
+        yield last
+
+        numa = self._fam("gpu_tune_gpu_numa_node")
+        gen = self._fam("gpu_tune_gpu_pcie_link_generation")
+        width = self._fam("gpu_tune_gpu_pcie_link_width")
+        for r in rows:
+            lv = [r["labels"][k] for k in GPU_LABELS]
+            numa.add_metric(lv, -1 if r["numa_node"] is None else r["numa_node"])
+            for kind in ("current", "max"):
+                if r[f"gen_{kind}"] is not None:
+                    gen.add_metric(lv + [kind], r[f"gen_{kind}"])
+                if r[f"width_{kind}"] is not None:
+                    width.add_metric(lv + [kind], r[f"width_{kind}"])
+        yield numa
+        yield gen
+        yield width
+
+        ok = self._fam("gpu_tune_collector_success")
+        took = self._fam("gpu_tune_collector_duration_seconds")
+        for c in snap.collectors:
+            ok.add_metric([c.name], 1 if c.success else 0)
+            took.add_metric([c.name], c.duration)
+        yield ok
+        yield took
+
+    @staticmethod
+    def _probe_labels(snap: "Snapshot", labels_by_gpu: dict[str, dict[str, str]], gpu: str) -> list[str]:
+        lab = labels_by_gpu.get(gpu)
+        if lab is None:  # the CPU run, or a GPU the backend no longer lists
+            lab = {"gpu": gpu, "UUID": "", "pci_bus_id": "", "modelName": "", "Hostname": snap.node,
+                   "numa_node": ""}
+        return [lab[k] for k in GPU_LABELS]
+
+
+def make_registry(source: Callable[[], "Snapshot | None"]) -> CollectorRegistry:
+    registry = CollectorRegistry(auto_describe=True)
+    registry.register(SnapshotCollector(source))
+    return registry
+
+
+def render_metrics(snapshot: "Snapshot | None") -> bytes:
+    """The text exposition of one snapshot (rendered once per snapshot)."""
+    return generate_latest(make_registry(lambda: snapshot))

@@ -1,0 +1,288 @@
+"""The readiness verdict: one pure function from the latest facts to a list of named checks.
+
+Checks (names are stable; they are the ``check`` label of ``gpu_tune_check_ok``):
+
+- ``tuning.compliant``   the audit (or enforce) report has no ``drift``/``conflict``/``error`` row;
+- ``gpu.backend``        the GPU backend answered (only listed when it raised);
+- ``gpu.<index>.healthy`` per GPU: present (answers), persistence mode on (when the profile asks for
+  it), no uncorrected volatile ECC error, no page retirement pending, no fatal XID, PCIe link at
+  its maximum generation and width, not slowed down for thermal reasons and not above
+  ``readiness.max_temperature_c``;
+- ``topology.published`` topology discovered and the node labels/condition written (or Kubernetes
+  publishing switched off);
+- ``probe.<gpu>.passed`` per probe target (``probe.cpu.passed`` for the CPU run), or ``probe.ran``
+  when no result exists yet or the probe stage itself failed.
+
+The node is ready when every check is ok. ``readiness.require_compliant: false`` and
+``readiness.require_probe: false`` keep those checks listed but ok, with the finding in the detail.
+
+Fatal XIDs (:data:`FATAL_XIDS`) are the ones NVIDIA documents as needing a GPU reset, a node
+reboot or a hardware check before the GPU can be trusted again:
+48 double-bit ECC error, 63 ECC page retirement / row remap recorded, 64 ECC page retirement /
+row remap failure, 74 NVLink error, 79 GPU has fallen off the bus, 92 high single-bit ECC rate,
+94 contained ECC error, 95 uncontained ECC error, 119 GSP RPC timeout, 120 GSP error.
+Application-caused XIDs (13, 31, 43, 45 ...) are left out: they say a job failed, not the GPU.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Any, Iterable, Mapping, Sequence
+
+FATAL_XIDS: dict[int, str] = {
+    48: "double-bit ECC error",
+    63: "ECC page retirement or row remapping recorded",
+    64: "ECC page retirement or row remapping failure",
+    74: "NVLink error",
+    79: "GPU has fallen off the bus",
+    92: "high single-bit ECC error rate",
+    94: "contained ECC error",
+    95: "uncontained ECC error",
+    119: "GSP RPC timeout",
+    120: "GSP error",
+}
+
+NONCOMPLIANT = ("drift", "conflict", "error")
+MAX_LISTED = 5  # rows named in one detail before "and N more"
+
+
+@dataclass(frozen=True)
+class Check:
+    name: str
+    ok: bool
+    detail: str = ""
+
+    def as_dict(self) -> dict[str, Any]:
+        return {"name": self.name, "ok": self.ok, "detail": self.detail}
+
+
+@dataclass(frozen=True)
+class Verdict:
+    ready: bool
+    checks: tuple[Check, ...] = field(default_factory=tuple)
+
+    @property
+    def failed(self) -> tuple[Check, ...]:
+        return tuple(c for c in self.checks if not c.ok)
+
+    def reason(self) -> str:
+        """A CamelCase reason for a Kubernetes condition."""
+        if self.ready:
+            return "AllChecksPassed"
+        first = self.failed[0].name if self.failed else "unknown"
+        head = first.split(".")[0]
+        return {"tuning": "TuningNotCompliant", "gpu": "GpuUnhealthy", "topology": "NotPublished",
+                "probe": "ProbeFailed"}.get(head, "NotReady")
+
+    def message(self) -> str:
+        """A stable one-line summary (no readings that change every pass)."""
+        if self.ready:
+            return f"all {len(self.checks)} checks passed"
+        return "failed: " + ", ".join(c.name for c in self.failed)
+
+    def as_dict(self) -> dict[str, Any]:
+        return {"ready": self.ready, "checks": [c.as_dict() for c in self.checks]}
+
+
+def _get(obj: Any, key: str, default: Any = None) -> Any:
+    if isinstance(obj, Mapping):
+        return obj.get(key, default)
+    return getattr(obj, key, default)
+
+
+def _listed(items: Sequence[str]) -> str:
+    head = list(items[:MAX_LISTED])
+    more = len(items) - len(head)
+    return "; ".join(head) + (f"; and {more} more" if more > 0 else "")
+
+
+# -- tuning -----------------------------------------------------------------------------------
+def tuning_check(audit: Mapping[str, Any] | None, *, required: bool = True, error: str | None = None,
+                 mode: str = "audit") -> Check:
+    name = "tuning.compliant"
+    if error:
+        return Check(name, not required, f"{mode} failed: {error}; see the agent log and run "
+                                          f"`gpu-tune audit` on the node")
+    if audit is None:
+        return Check(name, not required, "no audit has completed yet")
+    bad = [s for s in audit.get("settings", []) if s.get("status") in NONCOMPLIANT]
+    if not bad:
+        n = len(audit.get("settings", []))
+        return Check(name, True, f"{n} settings compliant with profile {audit.get('profile', '?')}")
+    parts = []
+    for s in bad:
+        what = f"{s.get('id')}[{s.get('target')}] {s.get('status')}"
+        if s.get("status") == "drift":
+            what += f": {s.get('current')!s} != {s.get('desired')!s}"
+        elif s.get("detail"):
+            what += f": {s.get('detail')}"
+        parts.append(what)
+    fix = "run `gpu-tune apply`" if mode == "audit" else "see the rows' detail"
+    detail = f"{len(bad)} setting(s) not compliant ({fix}): {_listed(parts)}"
+    if not required:
+        return Check(name, True, "ignored (readiness.require_compliant is false): " + detail)
+    return Check(name, False, detail)
+
+
+# -- GPUs -------------------------------------------------------------------------------------
+def _is_thermal(reason: str) -> bool:
+    r = reason.lower()
+    return "thermal" in r or r in ("hw_slowdown", "hwslowdown")
+
+
+def gpu_problems(gpu: Any, *, want_persistence: bool = False,
+                 max_temperature_c: float | None = None, pcie: Mapping[str, Any] | None = None) -> list[str]:
+    """What is wrong with one GPU, each as a sentence a person can act on (empty: healthy)."""
+    idx = _get(gpu, "index")
+    err = _get(gpu, "error")
+    if err:
+        kind = _get(gpu, "error_kind") or "error"
+        if kind == "lost":
+            return [f"GPU {idx} is lost ({err}): cordon and drain the node, check dmesg for Xid 79, "
+                    f"then reset the GPU or reboot"]
+        return [f"GPU {idx} does not answer ({kind}: {err}): check the driver with nvidia-smi"]
+    out: list[str] = []
+    if want_persistence and _get(gpu, "persistence_mode") is False:
+        out.append("persistence mode is off: run `gpu-tune apply` or start nvidia-persistenced")
+    ecc = _get(gpu, "ecc_uncorrected_volatile")
+    if isinstance(ecc, int) and ecc > 0:
+        out.append(f"{ecc} uncorrected ECC error(s) since the driver loaded: drain and reset the GPU")
+    if _get(gpu, "retired_pages_pending"):
+        out.append("a page retirement is pending: drain the node and reset the GPU to complete it")
+    xids = [int(x) for x in (_get(gpu, "xid_events") or ()) if int(x) in FATAL_XIDS]
+    if xids:
+        desc = ", ".join(f"{x} ({FATAL_XIDS[x]})" for x in sorted(set(xids)))
+        out.append(f"fatal XID {desc}: drain the node, reset the GPU, and check the hardware if it recurs")
+    gen_cur = _get(pcie, "gen_current") if pcie else None
+    gen_max = _get(pcie, "gen_max") if pcie else None
+    w_cur = _get(pcie, "width_current") if pcie else None
+    w_max = _get(pcie, "width_max") if pcie else None
+    gen_cur = gen_cur if gen_cur is not None else _get(gpu, "pcie_link_gen_current")
+    gen_max = gen_max if gen_max is not None else _get(gpu, "pcie_link_gen_max")
+    w_cur = w_cur if w_cur is not None else _get(gpu, "pcie_link_width_current")
+    w_max = w_max if w_max is not None else _get(gpu, "pcie_link_width_max")
+    link = []
+    if isinstance(gen_cur, int) and isinstance(gen_max, int) and gen_cur < gen_max:
+        link.append(f"Gen{gen_cur} of Gen{gen_max}")
+    if isinstance(w_cur, int) and isinstance(w_max, int) and w_cur < w_max:
+        link.append(f"x{w_cur} of x{w_max}")
+    if link:
+        out.append(f"PCIe link trained down ({', '.join(link)}): reseat the card or check the riser/slot")
+    thermal = [r for r in (_get(gpu, "clock_throttle_reasons") or ()) if _is_thermal(str(r))]
+    if thermal:
+        out.append(f"clocks slowed for thermal reasons ({', '.join(map(str, thermal))}): check cooling and airflow")
+    temp = _get(gpu, "temperature_c")
+    if max_temperature_c is not None and isinstance(temp, (int, float)) and temp > max_temperature_c:
+        out.append(f"temperature {temp:g} C above {max_temperature_c:g} C: check cooling and airflow")
+    return out
+
+
+def gpu_checks(gpus: Iterable[Any], *, want_persistence: bool = False,
+               max_temperature_c: float | None = None, topology: Mapping[str, Any] | None = None,
+               error: str | None = None) -> list[Check]:
+    if error:
+        return [Check("gpu.backend", False, f"GPU backend failed: {error}; check the driver with nvidia-smi")]
+    pcie_by_bus: dict[str, Any] = {}
+    for g in (topology or {}).get("gpus", []) or []:
+        if isinstance(g, Mapping) and g.get("pci_bus_id"):
+            pcie_by_bus[str(g["pci_bus_id"]).lower()] = g.get("pcie")
+    out = []
+    for g in sorted(gpus, key=lambda g: _get(g, "index", 0)):
+        idx = _get(g, "index")
+        pcie = pcie_by_bus.get(str(_get(g, "pci_bus_id") or "").lower())
+        problems = gpu_problems(g, want_persistence=want_persistence,
+                                max_temperature_c=max_temperature_c, pcie=pcie)
+        label = f"GPU {idx} {_get(g, 'name') or ''} {_get(g, 'pci_bus_id') or ''}".replace("  ", " ").strip()
+        if problems:
+            out.append(Check(f"gpu.{idx}.healthy", False, "; ".join(problems)))
+        else:
+            out.append(Check(f"gpu.{idx}.healthy", True, f"{label} healthy"))
+    return out
+
+
+# -- topology / publish -----------------------------------------------------------------------
+def publish_check(*, topology_error: str | None = None, publish: Any = None,
+                  publish_error: str | None = None) -> Check | None:
+    """``publish`` is a PublishResult (``ok``, ``detail``, ``writes``) or None before publishing."""
+    name = "topology.published"
+    if topology_error:
+        return Check(name, False, f"topology discovery failed: {topology_error}")
+    if publish_error:
+        return Check(name, False, f"publishing to Kubernetes failed: {publish_error}")
+    if publish is None:
+        return None
+    ok = bool(_get(publish, "ok", False))
+    detail = str(_get(publish, "detail", "") or "")
+    if ok:
+        return Check(name, True, detail or "topology published")
+    return Check(name, False, detail or "publishing to Kubernetes failed")
+
+
+# -- probe ------------------------------------------------------------------------------------
+def probe_checks(probes: Sequence[Mapping[str, Any]] | None, *, required: bool = True,
+                 error: str | None = None) -> list[Check]:
+    def gate(c: Check) -> Check:
+        if c.ok or required:
+            return c
+        return Check(c.name, True, f"ignored (readiness.require_probe is false): {c.detail}")
+
+    if error:
+        return [gate(Check("probe.ran", False, f"probe run failed: {error}"))]
+    if not probes:
+        return [gate(Check("probe.ran", False, "the probe has not completed yet"))]
+    out = []
+    for p in probes:
+        gpu = str(p.get("gpu", "?"))
+        status = p.get("status", "error")
+        reasons = "; ".join(str(r) for r in (p.get("reasons") or []))
+        if p.get("passed"):
+            res = p.get("result") or {}
+            acc, ips = res.get("accuracy"), res.get("train_images_per_second")
+            bits = []
+            if isinstance(acc, (int, float)):
+                bits.append(f"accuracy {acc:.3f}")
+            if isinstance(ips, (int, float)):
+                bits.append(f"{ips:.0f} images/s")
+            detail = "passed" + (f" ({', '.join(bits)})" if bits else "")
+            out.append(Check(f"probe.{gpu}.passed", True, detail))
+        else:
+            hint = {"timeout": "the probe ran past its timeout: check the GPU for hangs and load",
+                    "crashed": "the probe process crashed: see the agent log",
+                    "skipped": "the probe was skipped"}.get(status, "")
+            detail = f"{status}" + (f": {reasons}" if reasons else "") + (f" ({hint})" if hint else "")
+            out.append(gate(Check(f"probe.{gpu}.passed", False, detail)))
+    return out
+
+
+# -- the verdict ------------------------------------------------------------------------------
+def verdict(
+    *,
+    profile: Any,
+    audit: Mapping[str, Any] | None,
+    gpus: Iterable[Any] | None,
+    topology: Mapping[str, Any] | None = None,
+    probes: Sequence[Mapping[str, Any]] | None = None,
+    publish: Any = None,
+    errors: Mapping[str, str] | None = None,
+    mode: str = "audit",
+) -> Verdict:
+    """Judge the node. ``errors`` maps a stage name (discover, audit, enforce, gpus, probe,
+    publish) to the reason it failed this pass. ``publish`` None leaves the publish check out
+    (used to decide what to publish before publishing)."""
+    errors = dict(errors or {})
+    rp = getattr(profile, "readiness", None)
+    require_compliant = getattr(rp, "require_compliant", True)
+    require_probe = getattr(rp, "require_probe", True)
+    max_temp = getattr(rp, "max_temperature_c", None)
+    want_persistence = bool(getattr(getattr(profile, "gpu", None), "persistence_mode", False))
+
+    checks: list[Check] = [tuning_check(audit, required=require_compliant,
+                                        error=errors.get("audit") or errors.get("enforce"), mode=mode)]
+    checks += gpu_checks(gpus or [], want_persistence=want_persistence, max_temperature_c=max_temp,
+                         topology=topology, error=errors.get("gpus"))
+    pub = publish_check(topology_error=errors.get("discover"), publish=publish,
+                        publish_error=errors.get("publish"))
+    if pub is not None:
+        checks.append(pub)
+    checks += probe_checks(probes, required=require_probe, error=errors.get("probe"))
+    return Verdict(all(c.ok for c in checks), tuple(checks))

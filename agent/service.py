@@ -1,0 +1,497 @@
+"""``gpu-tune serve``: the loop and the read-only HTTP API in one process.
+
+Each pass: discover -> GPUs -> audit (mode ``audit``) or re-apply drift (mode ``enforce``, at most
+once per ``enforce_min_interval`` per setting) -> verdict -> publish -> snapshot. Intervals carry
++-10 % jitter. The probe runs in its own thread (it spawns its own process), at start, every
+``probe interval`` and whenever the GPU set, the driver version or the boot id changes, so
+``/healthz`` and ``/readiness`` keep answering while it runs; when it finishes the loop runs a
+pass at once to publish the new verdict.
+
+Every stage is a callable on :class:`Stages`: :func:`default_stages` builds the real ones, tests
+pass fakes. A stage that raises is a failed collector (``gpu_tune_collector_success 0``) and a
+failed readiness check naming the reason; the loop goes on. SIGTERM/SIGINT end the process with
+0 and leave the settings as they are unless ``revert_on_exit`` is set.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+import random
+import signal
+import socket
+import threading
+import time
+from dataclasses import dataclass, field
+from typing import Any, Callable
+
+from .app import AgentState, CollectorStatus, Snapshot, create_app
+from .errors import InputError
+from .readiness import Verdict, verdict
+
+log = logging.getLogger("gpu_tune")
+
+MODES = ("audit", "enforce")
+
+
+@dataclass
+class ServeOptions:
+    root: str = "/"
+    gpu_backend: str = "auto"
+    gpu_fixture: str | None = None
+    policy_dir: str | None = None
+    profile: str = "training"
+    host: str = "0.0.0.0"
+    port: int = 9410
+    mode: str = "audit"
+    interval: float = 60.0
+    probe_interval: float | None = None  # None: the profile's probe.interval_s
+    no_kube: bool = False
+    kubeconfig: str | None = None
+    node: str | None = None
+    revert_on_exit: bool = False
+    probe_device: str = "auto"
+    probe_data: str | None = None
+    verbose: bool = False
+    enforce_min_interval: float = 300.0
+    jitter: float = 0.1
+
+    def validate(self) -> None:
+        if self.mode not in MODES:
+            raise InputError(f"--mode {self.mode!r}: expected one of {', '.join(MODES)}")
+        if not self.interval > 0:
+            raise InputError(f"--interval {self.interval}: must be greater than 0")
+        if self.probe_interval is not None and self.probe_interval < 0:
+            raise InputError(f"--probe-interval {self.probe_interval}: must be 0 or more")
+        if not 0 <= int(self.port) <= 65535:
+            raise InputError(f"--port {self.port}: must be within 0..65535")
+        if self.probe_device not in ("auto", "gpu", "cpu"):
+            raise InputError(f"--probe-device {self.probe_device!r}: expected auto, gpu or cpu")
+        if not 0 <= self.jitter < 1:
+            raise InputError(f"jitter {self.jitter}: must be within 0..1")
+
+
+def node_name(option: str | None) -> str:
+    return option or os.environ.get("NODE_NAME") or socket.gethostname()
+
+
+def as_doc(obj: Any) -> Any:
+    """Plain data from a stage result (objects with ``as_dict()``, dataclasses, dicts)."""
+    if obj is None or isinstance(obj, (dict, list, str, int, float, bool)):
+        return obj
+    if hasattr(obj, "as_dict"):
+        return obj.as_dict()
+    if isinstance(obj, (tuple, set)):
+        return [as_doc(o) for o in obj]
+    raise TypeError(f"cannot turn {type(obj).__name__} into a document")
+
+
+def _field(obj: Any, key: str, default: Any = None) -> Any:
+    if isinstance(obj, dict):
+        return obj.get(key, default)
+    return getattr(obj, key, default)
+
+
+def _reason(exc: BaseException) -> str:
+    text = str(exc).strip().splitlines()[0] if str(exc).strip() else ""
+    return f"{type(exc).__name__}: {text}" if text else type(exc).__name__
+
+
+@dataclass
+class Stages:
+    """The loop's stages. ``discover() -> Topology|dict``; ``audit()``/``enforce() -> Report|dict``;
+    ``gpus() -> list[GpuInfo]``; ``identity() -> {"driver_version", "boot_id"}``;
+    ``probe(topology, previous) -> list[ProbeVerdict|dict]``;
+    ``publish(verdict, topology_doc, gpu_docs, driver_version) -> PublishResult``;
+    ``revert() -> (ok, rows)``; ``close()``."""
+
+    node: str
+    profile: Any
+    discover: Callable[[], Any]
+    audit: Callable[[], Any]
+    enforce: Callable[[], Any]
+    gpus: Callable[[], list[Any]]
+    probe: Callable[[Any, Any], list[Any]]
+    publish: Callable[[Verdict, Any, list[Any], Any], Any]
+    identity: Callable[[], dict[str, Any]] = lambda: {}
+    revert: Callable[[], Any] | None = None
+    close: Callable[[], None] | None = None
+    probe_interval: float = 3600.0
+
+
+def default_stages(options: ServeOptions) -> Stages:
+    """The real stages over the host under ``options.root``. Raises InputError on bad input."""
+    from . import engine
+    from .gpu import select_backend
+    from .hostfs import HostFS
+    from .labels import desired_node_state
+    from .policy import default_policy_dir, load_profile
+
+    fs = HostFS(options.root)
+    profile = load_profile(options.profile, options.policy_dir)
+    backend = select_backend(options.gpu_backend, options.gpu_fixture)
+    log.info("GPU backend %s: %s", getattr(backend, "name", "?"), getattr(backend, "reason", ""))
+    node = node_name(options.node)
+    from .kube import make_publisher
+
+    publisher = make_publisher(node, options.kubeconfig, options.no_kube)
+    policy_dir = options.policy_dir or default_policy_dir()
+
+    def discover():
+        from .topology import discover as _discover
+
+        return _discover(fs, backend)
+
+    def audit():
+        return engine.audit(engine.make_context(fs, profile, backend))
+
+    def enforce():
+        return engine.apply(engine.make_context(fs, profile, backend), dry=False)
+
+    def gpus():
+        return list(backend.gpus())
+
+    def identity():
+        boot = fs.read_optional("/proc/sys/kernel/random/boot_id")
+        return {"driver_version": backend.driver_version(), "boot_id": boot.strip() if boot else None}
+
+    baselines_cache: dict[str, Any] = {}
+
+    def probe(topology, previous):
+        from . import probe as _probe
+
+        if "b" not in baselines_cache:
+            baselines_cache["b"] = _probe.load_baselines(policy_dir)
+        targets = _probe.plan_targets(topology, profile, backend, gpu="all", device=options.probe_device)
+        return _probe.run_probes(targets, profile.probe, baselines_cache["b"], data=options.probe_data,
+                                 timeout=None, device=options.probe_device, previous=previous,
+                                 gpu_backend=backend)
+
+    def publish(v: Verdict, topology_doc, gpu_docs, driver_version):
+        want = desired_node_state(profile=profile.name, ready=v.ready, reason=v.reason(),
+                                  message=v.message(), topology=topology_doc, gpus=gpu_docs,
+                                  driver_version=driver_version,
+                                  taint_when_not_ready=profile.readiness.taint)
+        return publisher.publish(want)
+
+    def revert():
+        return engine.revert(engine.make_context(fs, profile, backend))
+
+    def close():
+        for thing in (publisher, backend):
+            try:
+                thing.close()
+            except Exception as exc:
+                log.debug("close %s: %s", type(thing).__name__, exc)
+
+    interval = options.probe_interval if options.probe_interval is not None else profile.probe.interval_s
+    return Stages(node=node, profile=profile, discover=discover, audit=audit, enforce=enforce, gpus=gpus,
+                  probe=probe, publish=publish, identity=identity, revert=revert, close=close,
+                  probe_interval=interval)
+
+
+@dataclass
+class _ProbeState:
+    results: tuple[dict[str, Any], ...] = ()
+    raw: dict[str, Any] = field(default_factory=dict)  # gpu -> last verdict object, for ``previous``
+    last_success: dict[str, float] = field(default_factory=dict)
+    error: str | None = None
+    status: CollectorStatus | None = None
+    runs: int = 0
+
+
+class Agent:
+    """The loop. ``run_pass()`` does one pass; ``start()`` runs the loop and the probe threads."""
+
+    def __init__(self, stages: Stages, *, mode: str = "audit", interval: float = 60.0,
+                 enforce_min_interval: float = 300.0, jitter: float = 0.1, rng: random.Random | None = None,
+                 clock: Callable[[], float] = time.time, monotonic: Callable[[], float] = time.monotonic,
+                 probe_enabled: bool = True) -> None:
+        self.stages = stages
+        self.mode = mode
+        self.interval = float(interval)
+        self.enforce_min_interval = float(enforce_min_interval)
+        self.jitter = jitter
+        self.rng = rng or random.Random()
+        self.clock = clock
+        self.monotonic = monotonic
+        self.probe_enabled = probe_enabled
+        self.state = AgentState(stages.node, getattr(stages.profile, "name", str(stages.profile)), interval,
+                                clock=monotonic)
+        self._stop = threading.Event()
+        self._wake = threading.Event()
+        self._probe_request = threading.Event()
+        self._lock = threading.Lock()
+        self._probe = _ProbeState()
+        self._probe_key: Any = None
+        self._probe_next_due: float | None = None
+        self._probe_running = False
+        self._last_enforced: dict[tuple[str, str], float] = {}
+        self._topology_obj: Any = None
+        self._topology_doc: dict[str, Any] | None = None
+        self._gpus: list[dict[str, Any]] = []
+        self._audit: dict[str, Any] | None = None
+        self._ready: bool | None = None
+        self._since: float = clock()
+        self._threads: list[threading.Thread] = []
+        self._last_publish: Any = None
+
+    # -- stages -----------------------------------------------------------------------------
+    def _run(self, name: str, fn: Callable[[], Any]) -> tuple[Any, CollectorStatus]:
+        t0 = time.perf_counter()
+        try:
+            value = fn()
+        except Exception as exc:  # a stage failure is a value, not the end of the loop
+            took = time.perf_counter() - t0
+            log.warning("stage %s failed: %s", name, _reason(exc), exc_info=log.isEnabledFor(logging.DEBUG))
+            return None, CollectorStatus(name, False, took, _reason(exc))
+        return value, CollectorStatus(name, True, time.perf_counter() - t0)
+
+    def _enforce(self) -> dict[str, Any]:
+        """Audit; re-apply when some drifted setting was not re-applied within the rate limit."""
+        before = as_doc(self.stages.audit())
+        now = self.monotonic()
+        drifted = [(str(s["id"]), str(s["target"])) for s in before.get("settings", []) if s.get("status") == "drift"]
+        if not drifted:
+            return before
+        due = [k for k in drifted if now - self._last_enforced.get(k, float("-inf")) >= self.enforce_min_interval]
+        if not due:
+            rows = []
+            for s in before["settings"]:
+                k = (str(s["id"]), str(s["target"]))
+                if s.get("status") == "drift" and k in self._last_enforced:
+                    wait = self.enforce_min_interval - (now - self._last_enforced[k])
+                    s = {**s, "detail": f"re-applied {now - self._last_enforced[k]:.0f}s ago; "
+                                        f"next re-apply allowed in {wait:.0f}s"}
+                rows.append(s)
+            return {**before, "settings": rows}
+        for k in drifted:
+            self._last_enforced[k] = now
+        try:
+            return as_doc(self.stages.enforce())
+        except Exception as exc:
+            reason = _reason(exc)
+            rows = [{**s, "status": "error", "changed": False, "detail": f"not re-applied: {reason}"}
+                    if s.get("status") == "drift" else s for s in before.get("settings", [])]
+            return {**before, "compliant": False, "settings": rows}
+
+    def _identity_key(self, gpus: list[dict[str, Any]], identity: dict[str, Any]) -> tuple:
+        uuids = tuple(sorted(str(g.get("uuid")) for g in gpus if not g.get("error")))
+        return (uuids, identity.get("driver_version"), identity.get("boot_id"))
+
+    # -- one pass -----------------------------------------------------------------------------
+    def run_pass(self) -> Snapshot:
+        errors: dict[str, str] = {}
+        statuses: list[CollectorStatus] = []
+
+        topo, st = self._run("discover", self.stages.discover)
+        statuses.append(st)
+        if st.success:
+            self._topology_obj = topo
+            self._topology_doc = as_doc(topo)
+        else:
+            errors["discover"] = st.error
+
+        gpus, st = self._run("gpus", self.stages.gpus)
+        statuses.append(st)
+        if st.success:
+            self._gpus = [as_doc(g) for g in gpus or []]
+        else:
+            errors["gpus"] = st.error
+
+        stage = self.mode
+        doc, st = self._run(stage, self.stages.audit if self.mode == "audit" else self._enforce)
+        if st.success:
+            self._audit = as_doc(doc)
+        else:
+            errors[stage] = st.error
+        statuses.append(st)
+
+        identity, st_id = self._run("identity", self.stages.identity)
+        key = self._identity_key(self._gpus, identity or {}) if st_id.success else self._probe_key
+        if self.probe_enabled and self._topology_obj is not None:
+            now = self.monotonic()
+            if key != self._probe_key:
+                if self._probe_key is not None:
+                    log.info("GPU set, driver or boot id changed: probing again")
+                self._probe_key = key
+                self._probe_request.set()
+            elif self._probe_next_due is not None and now >= self._probe_next_due:
+                self._probe_next_due = None
+                self._probe_request.set()
+
+        with self._lock:
+            probe = self._probe
+        if probe.status is not None:
+            statuses.append(probe.status)
+        if probe.error:
+            errors["probe"] = probe.error
+        probes = list(probe.results)
+
+        profile = self.stages.profile
+        judge = dict(profile=profile, audit=self._audit, gpus=self._gpus, topology=self._topology_doc,
+                     probes=probes, errors=errors, mode=self.mode)
+        pre = verdict(**judge)
+        driver = (identity or {}).get("driver_version")
+        pub, st = self._run("publish", lambda: self.stages.publish(pre, self._topology_doc, self._gpus, driver))
+        statuses.append(st)
+        if st.success:
+            self._last_publish = pub
+            if not _field(pub, "ok", False):
+                statuses[-1] = CollectorStatus("publish", False, st.duration,
+                                               str(_field(pub, "detail", "") or "not ok"))
+        else:
+            errors["publish"] = st.error
+        final = verdict(**{**judge, "errors": errors}, publish=pub if st.success else None)
+
+        now = self.clock()
+        if final.ready != self._ready:
+            if self._ready is not None:
+                log.warning("readiness changed to %s: %s", final.ready, final.message())
+            self._ready = final.ready
+            self._since = now
+        snap = Snapshot.build(
+            node=self.stages.node, profile=self.state.profile, verdict=final, since=self._since, created=now,
+            mode=self.mode, audit=self._audit, topology=self._topology_doc, gpus=self._gpus, probes=probes,
+            probe_last_success=dict(probe.last_success), collectors=statuses,
+        )
+        self.state.publish(snap)
+        return snap
+
+    # -- the probe thread -----------------------------------------------------------------------
+    def run_probe_once(self) -> None:
+        with self._lock:
+            previous = dict(self._probe.raw) or None
+            old = self._probe
+        self._probe_running = True
+        try:
+            out, st = self._run("probe", lambda: self.stages.probe(self._topology_obj, previous))
+        finally:
+            self._probe_running = False
+        new = _ProbeState(results=old.results, raw=dict(old.raw), last_success=dict(old.last_success),
+                          status=st, runs=old.runs + 1)
+        if st.success:
+            results, raw = [], {}
+            for v in out or []:
+                d = as_doc(v)
+                results.append(d)
+                raw[str(d.get("gpu"))] = v
+                if d.get("passed"):
+                    from .metrics import rfc3339_to_epoch
+
+                    new.last_success[str(d.get("gpu"))] = rfc3339_to_epoch(d.get("finished_at")) or self.clock()
+            new.results, new.raw, new.error = tuple(results), raw, None
+        else:
+            new.error = st.error
+        with self._lock:
+            self._probe = new
+        interval = float(self.stages.probe_interval or 0)
+        self._probe_next_due = self.monotonic() + self._jittered(interval) if interval > 0 else None
+
+    def _probe_loop(self) -> None:
+        while not self._stop.is_set():
+            self._probe_request.wait()
+            if self._stop.is_set():
+                return
+            self._probe_request.clear()
+            self.run_probe_once()
+            self._wake.set()  # publish the new verdict now
+
+    # -- the main loop --------------------------------------------------------------------------
+    def _jittered(self, seconds: float) -> float:
+        return seconds * (1 + self.rng.uniform(-self.jitter, self.jitter))
+
+    def _loop(self) -> None:
+        while not self._stop.is_set():
+            self._wake.clear()
+            try:
+                self.run_pass()
+            except Exception:  # a bug in a pass: /healthz turns 500 if it keeps happening
+                log.exception("loop pass failed")
+            self._wake.wait(self._jittered(self.interval))
+
+    def start(self) -> None:
+        self._threads = [threading.Thread(target=self._loop, name="gpu-tune-loop", daemon=True)]
+        if self.probe_enabled:
+            self._threads.append(threading.Thread(target=self._probe_loop, name="gpu-tune-probe", daemon=True))
+        for t in self._threads:
+            t.start()
+
+    def stop(self, timeout: float = 10.0) -> None:
+        self._stop.set()
+        self._wake.set()
+        self._probe_request.set()
+        for t in self._threads:
+            if t is not threading.current_thread():
+                t.join(timeout)
+
+    @property
+    def stopping(self) -> bool:
+        return self._stop.is_set()
+
+
+def _bind(host: str, port: int) -> socket.socket:
+    family = socket.AF_INET6 if ":" in host else socket.AF_INET
+    # proto IPPROTO_TCP, not 0: asyncio sets TCP_NODELAY only on sockets that say they are TCP,
+    # and without it small responses wait ~40 ms for delayed ACKs (Nagle).
+    sock = socket.socket(family, socket.SOCK_STREAM, socket.IPPROTO_TCP)
+    sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+    try:
+        sock.bind((host, port))
+    except OSError as exc:
+        sock.close()
+        raise InputError(f"--host {host} --port {port}: cannot listen: {exc.strerror or exc}") from None
+    sock.listen(2048)
+    sock.set_inheritable(True)
+    return sock
+
+
+def serve(options: ServeOptions, *, stages: Stages | None = None,
+          ready_callback: Callable[[int], None] | None = None) -> int:
+    """Run the agent until SIGTERM/SIGINT; return 0. ``stages`` replaces :func:`default_stages`."""
+    import uvicorn
+
+    options.validate()
+    stages = stages or default_stages(options)
+    agent = Agent(stages, mode=options.mode, interval=options.interval,
+                  enforce_min_interval=options.enforce_min_interval, jitter=options.jitter)
+    app = create_app(agent.state)
+    sock = _bind(options.host, int(options.port))
+    config = uvicorn.Config(app, log_level="warning", access_log=False, lifespan="off",
+                            timeout_graceful_shutdown=5)
+    server = uvicorn.Server(config)
+
+    def on_signal(signum, frame):  # uvicorn re-raises the signal it caught after shutting down
+        server.should_exit = True
+        agent._stop.set()
+        agent._wake.set()
+        agent._probe_request.set()
+
+    old = {s: signal.signal(s, on_signal) for s in (signal.SIGTERM, signal.SIGINT)}
+    agent.start()
+    if ready_callback is not None:
+        ready_callback(sock.getsockname()[1])
+    try:
+        server.run(sockets=[sock])
+    finally:
+        agent.stop()
+        sock.close()
+        for s, h in old.items():
+            signal.signal(s, h)
+    rc = 0
+    if options.revert_on_exit and stages.revert is not None:
+        try:
+            result = stages.revert()
+            ok = result[0] if isinstance(result, tuple) else bool(getattr(result, "compliant", True))
+            if not ok:
+                log.warning("--revert-on-exit: some originals could not be restored")
+                rc = 1
+        except Exception as exc:
+            log.warning("--revert-on-exit failed: %s", _reason(exc))
+            rc = 1
+    if stages.close is not None:
+        try:
+            stages.close()
+        except Exception:
+            pass
+    return rc

@@ -1,0 +1,133 @@
+"""The readiness verdict: every check, its reason, and the profile switches."""
+
+from __future__ import annotations
+
+from agent.gpu.base import GpuInfo
+from agent.policy import Profile
+from agent.readiness import FATAL_XIDS, Check, Verdict, gpu_problems, verdict
+
+
+def h100(index: int = 0, **kw) -> GpuInfo:
+    base = dict(index=index, uuid=f"GPU-{index:08d}", name="NVIDIA H100 80GB HBM3",
+                pci_bus_id=f"0000:{0x18 + index:02x}:00.0", persistence_mode=True,
+                pcie_link_gen_current=5, pcie_link_gen_max=5, pcie_link_width_current=16,
+                pcie_link_width_max=16, ecc_mode=True, ecc_uncorrected_volatile=0,
+                retired_pages_pending=False, temperature_c=34.0, clock_throttle_reasons=(), xid_events=())
+    base.update(kw)
+    return GpuInfo(**base)
+
+
+AUDIT_OK = {"profile": "training", "compliant": True, "settings": [
+    {"id": "sysctl.vm.swappiness", "target": "host", "current": "0", "desired": "0", "status": "ok", "detail": ""},
+    {"id": "cpu.governor", "target": "cpu0", "current": None, "desired": "performance",
+     "status": "unsupported", "detail": "no cpufreq"}]}
+AUDIT_DRIFT = {"profile": "training", "compliant": False, "settings": [
+    {"id": "sysctl.vm.swappiness", "target": "host", "current": "60", "desired": "0", "status": "drift", "detail": ""},
+    {"id": "irq.affinity", "target": "120", "current": "0-3", "desired": "0-1", "status": "conflict",
+     "detail": "irqbalance is running (pid 812)"}]}
+PROBE_OK = [{"gpu": "0", "status": "passed", "passed": True, "reasons": [], "finished_at": "2025-01-01T00:00:00Z",
+             "duration_seconds": 12.5, "result": {"accuracy": 0.97, "train_images_per_second": 41000.0}}]
+
+
+class Pub:
+    def __init__(self, ok: bool, detail: str = "") -> None:
+        self.ok, self.detail, self.writes, self.changed = ok, detail, 0, False
+
+
+def by_name(v: Verdict) -> dict[str, Check]:
+    return {c.name: c for c in v.checks}
+
+
+def test_all_good_is_ready():
+    v = verdict(profile=Profile(name="training"), audit=AUDIT_OK, gpus=[h100(0), h100(1)],
+                probes=PROBE_OK, publish=Pub(True, "2 writes"))
+    assert v.ready, v.failed
+    assert [c.name for c in v.checks] == ["tuning.compliant", "gpu.0.healthy", "gpu.1.healthy",
+                                          "topology.published", "probe.0.passed"]
+    assert "accuracy 0.970" in by_name(v)["probe.0.passed"].detail
+    assert v.reason() == "AllChecksPassed"
+
+
+def test_drift_names_rows_and_fix():
+    v = verdict(profile=Profile(name="training"), audit=AUDIT_DRIFT, gpus=[], probes=PROBE_OK)
+    c = by_name(v)["tuning.compliant"]
+    assert not v.ready and not c.ok
+    assert "sysctl.vm.swappiness[host] drift: 60 != 0" in c.detail
+    assert "irqbalance is running" in c.detail and "gpu-tune apply" in c.detail
+    assert v.reason() == "TuningNotCompliant"
+
+
+def test_require_compliant_false_keeps_finding_in_detail():
+    prof = Profile(name="training", readiness={"require_compliant": False, "require_probe": False})
+    v = verdict(profile=prof, audit=AUDIT_DRIFT, gpus=[], probes=[])
+    assert v.ready
+    assert by_name(v)["tuning.compliant"].detail.startswith("ignored")
+    assert by_name(v)["probe.ran"].detail.startswith("ignored")
+
+
+def test_each_gpu_problem_is_reported():
+    assert gpu_problems(h100()) == []
+    lost = gpu_problems(h100(error="GPU is lost", error_kind="lost"))
+    assert len(lost) == 1 and "lost" in lost[0] and "drain" in lost[0]
+    assert any("persistence mode is off" in p for p in
+               gpu_problems(h100(persistence_mode=False), want_persistence=True))
+    assert gpu_problems(h100(persistence_mode=False), want_persistence=False) == []
+    assert any("2 uncorrected ECC" in p for p in gpu_problems(h100(ecc_uncorrected_volatile=2)))
+    assert any("page retirement is pending" in p for p in gpu_problems(h100(retired_pages_pending=True)))
+    xid = gpu_problems(h100(xid_events=(13, 79)))
+    assert len(xid) == 1 and "79 (GPU has fallen off the bus)" in xid[0] and "13" not in xid[0]
+    assert gpu_problems(h100(xid_events=(13, 31, 43))) == []  # application faults
+    link = gpu_problems(h100(pcie_link_gen_current=3, pcie_link_width_current=8))
+    assert link and "Gen3 of Gen5" in link[0] and "x8 of x16" in link[0]
+    assert any("thermal" in p for p in gpu_problems(h100(clock_throttle_reasons=("hw_thermal_slowdown",))))
+    assert gpu_problems(h100(clock_throttle_reasons=("gpu_idle",))) == []
+    assert any("above 87" in p for p in gpu_problems(h100(temperature_c=91.0), max_temperature_c=87))
+
+
+def test_fatal_xid_set_documented():
+    assert {48, 63, 64, 74, 79, 92, 94, 95, 119, 120} == set(FATAL_XIDS)
+
+
+def test_topology_pcie_overrides_backend_fields():
+    topo = {"gpus": [{"index": 0, "pci_bus_id": "0000:18:00.0",
+                      "pcie": {"gen_current": 4, "gen_max": 5, "width_current": 16, "width_max": 16}}]}
+    v = verdict(profile=Profile(name="training"), audit=AUDIT_OK, gpus=[h100(0)], topology=topo, probes=PROBE_OK)
+    assert "Gen4 of Gen5" in by_name(v)["gpu.0.healthy"].detail
+
+
+def test_lost_gpu_fails_only_that_gpu():
+    v = verdict(profile=Profile(name="training"), audit=AUDIT_OK,
+                gpus=[h100(0), h100(1, error="Unknown Error", error_kind="lost")], probes=PROBE_OK)
+    c = by_name(v)
+    assert c["gpu.0.healthy"].ok and not c["gpu.1.healthy"].ok
+    assert not v.ready and v.reason() == "GpuUnhealthy"
+
+
+def test_stage_errors_become_failed_checks():
+    v = verdict(profile=Profile(name="training"), audit=None, gpus=None, probes=None,
+                errors={"audit": "HostError: /proc/sys/vm/swappiness: Permission denied (EACCES)",
+                        "gpus": "GpuError: NVML not loaded", "discover": "HostError: boom",
+                        "probe": "RuntimeError: spawn failed"})
+    c = by_name(v)
+    assert "audit failed: HostError" in c["tuning.compliant"].detail
+    assert "NVML not loaded" in c["gpu.backend"].detail
+    assert "topology discovery failed" in c["topology.published"].detail
+    assert "probe run failed: RuntimeError" in c["probe.ran"].detail
+    assert not any(x.ok for x in v.checks)
+
+
+def test_probe_timeout_and_publish_forbidden():
+    probes = [{"gpu": "0", "status": "timeout", "passed": False, "reasons": ["no result within 300s"],
+               "finished_at": "2025-01-01T00:00:00Z", "duration_seconds": 300.0, "result": None}]
+    hint = "403 Forbidden: nodes \"n1\" is forbidden; grant patch on nodes/status to the agent's ServiceAccount"
+    v = verdict(profile=Profile(name="training"), audit=AUDIT_OK, gpus=[], probes=probes, publish=Pub(False, hint))
+    c = by_name(v)
+    assert c["probe.0.passed"].detail.startswith("timeout: no result within 300s")
+    assert "timeout" in c["probe.0.passed"].detail
+    assert not c["topology.published"].ok and "grant patch on nodes/status" in c["topology.published"].detail
+    assert v.message() == "failed: topology.published, probe.0.passed"
+
+
+def test_no_probe_yet_is_not_ready():
+    v = verdict(profile=Profile(name="training"), audit=AUDIT_OK, gpus=[], probes=[])
+    assert not v.ready and by_name(v)["probe.ran"].detail == "the probe has not completed yet"

@@ -1,0 +1,464 @@
+"""The agent loop with injected stages: faults, probe thread, enforce rate limit, SIGTERM."""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import socket
+import subprocess
+import sys
+import threading
+import time
+import urllib.error
+import urllib.request
+from collections import Counter
+from pathlib import Path
+
+import pytest
+from fastapi.testclient import TestClient
+
+from agent.app import create_app
+from agent.errors import HostError, InputError
+from agent.policy import Profile
+from agent.service import Agent, ServeOptions, Stages
+
+from .test_readiness import AUDIT_OK, Pub, h100
+
+REPO = Path(__file__).resolve().parents[1]
+
+TOPO = {"numa_nodes": [{"id": 0}], "gpus": [
+    {"index": i, "uuid": f"GPU-{i:08d}", "name": "NVIDIA H100 80GB HBM3", "pci_bus_id": f"0000:{0x18 + i:02x}:00.0",
+     "numa_node": 0, "pcie": {"gen_current": 5, "gen_max": 5, "width_current": 16, "width_max": 16,
+                              "degraded": False}} for i in range(2)], "nics": [], "warnings": []}
+
+
+def passed(gpu: str, acc: float = 0.98) -> dict:
+    return {"gpu": gpu, "status": "passed", "passed": True, "reasons": [], "finished_at": "2025-01-01T00:00:00Z",
+            "duration_seconds": 3.0, "result": {"accuracy": acc, "train_images_per_second": 5000.0}}
+
+
+class World:
+    """A fake node: every stage is a method whose behaviour a test changes."""
+
+    def __init__(self) -> None:
+        self.calls: Counter[str] = Counter()
+        self.gpu_list = [h100(0), h100(1)]
+        self.audit_doc = AUDIT_OK
+        self.probe_out = [passed("0"), passed("1")]
+        self.publish_out = Pub(True, "published: 0 writes")
+        self.fail: dict[str, Exception] = {}
+        self.boot_id = "b-1"
+        self.probe_gate: threading.Event | None = None
+        self.probe_started = threading.Event()
+        self.enforce_doc = None
+        self.profile = Profile(name="training", gpu={"persistence_mode": True})
+
+    def _call(self, name: str):
+        self.calls[name] += 1
+        if name in self.fail:
+            raise self.fail[name]
+
+    def discover(self):
+        self._call("discover")
+        return TOPO
+
+    def audit(self):
+        self._call("audit")
+        return self.audit_doc
+
+    def enforce(self):
+        self._call("enforce")
+        return self.enforce_doc or {**self.audit_doc, "settings": [
+            {**s, "status": "ok", "current": s["desired"], "changed": True} for s in self.audit_doc["settings"]]}
+
+    def gpus(self):
+        self._call("gpus")
+        return list(self.gpu_list)
+
+    def identity(self):
+        self._call("identity")
+        return {"driver_version": "570.124.06", "boot_id": self.boot_id}
+
+    def probe(self, topology, previous):
+        self.probe_started.set()
+        self._call("probe")
+        if self.probe_gate is not None:
+            assert self.probe_gate.wait(10)
+        return self.probe_out
+
+    def publish(self, verdict, topology, gpus, driver):
+        self._call("publish")
+        self.last_published = verdict
+        return self.publish_out
+
+    def stages(self, probe_interval: float = 0) -> Stages:
+        return Stages(node="node-a", profile=self.profile, discover=self.discover, audit=self.audit,
+                      enforce=self.enforce, gpus=self.gpus, probe=self.probe, publish=self.publish,
+                      identity=self.identity, probe_interval=probe_interval)
+
+
+class Mono:
+    def __init__(self) -> None:
+        self.t = 100.0
+
+    def __call__(self) -> float:
+        return self.t
+
+
+def checks(snap) -> dict:
+    return {c.name: c for c in snap.verdict.checks}
+
+
+def collectors(snap) -> dict:
+    return {c.name: c for c in snap.collectors}
+
+
+def ready_agent(world: World, **kw) -> tuple[Agent, TestClient]:
+    agent = Agent(world.stages(), **kw)
+    agent.run_pass()  # discover: asks for a probe
+    assert agent._probe_request.is_set()
+    agent.run_probe_once()
+    agent.run_pass()
+    return agent, TestClient(create_app(agent.state))
+
+
+def test_pass_to_ready_and_requests_run_no_stage():
+    world = World()
+    agent, client = ready_agent(world)
+    r = client.get("/readiness")
+    assert r.status_code == 200, r.json()
+    assert r.json()["node"] == "node-a" and all(c["ok"] for c in r.json()["checks"])
+    before = dict(world.calls)
+    for path in ("/readiness", "/metrics", "/audit", "/topology", "/probe", "/healthz") * 20:
+        assert client.get(path).status_code == 200
+    assert dict(world.calls) == before  # a request never audits, probes or publishes
+    assert world.last_published.ready is True
+    assert b'gpu_tune_ready 1.0' in client.get("/metrics").content
+
+
+def test_gpu_lost_while_serving():
+    world = World()
+    agent, client = ready_agent(world)
+    world.gpu_list = [h100(0), h100(1, error="Unknown Error", error_kind="lost")]
+    snap = agent.run_pass()
+    c = checks(snap)
+    assert c["gpu.0.healthy"].ok and not c["gpu.1.healthy"].ok and "lost" in c["gpu.1.healthy"].detail
+    r = client.get("/readiness")
+    assert r.status_code == 503
+    assert client.get("/healthz").status_code == 200
+    assert b'gpu="0"' in client.get("/metrics").content
+    assert world.last_published.ready is False  # the node's condition follows
+
+
+def test_probe_timeout_is_a_failed_check():
+    world = World()
+    world.probe_out = [passed("0"), {"gpu": "1", "status": "timeout", "passed": False,
+                                     "reasons": ["no result within 300s; process group killed"],
+                                     "finished_at": "2025-01-01T00:05:00Z", "duration_seconds": 300.0,
+                                     "result": None}]
+    agent, client = ready_agent(world)
+    body = client.get("/readiness").json()
+    c = {x["name"]: x for x in body["checks"]}
+    assert not c["probe.1.passed"]["ok"] and "timeout" in c["probe.1.passed"]["detail"]
+    assert c["probe.0.passed"]["ok"]
+    assert client.get("/healthz").status_code == 200
+
+
+@pytest.mark.parametrize("stage,check", [("discover", "topology.published"), ("audit", "tuning.compliant"),
+                                         ("gpus", "gpu.backend"), ("publish", "topology.published"),
+                                         ("probe", "probe.ran")])
+def test_stage_raising_is_collector_failure_and_failed_check(stage, check):
+    world = World()
+    agent, client = ready_agent(world)
+    world.fail[stage] = HostError(f"{stage} exploded: Input/output error (EIO)")
+    if stage == "probe":
+        agent.run_probe_once()
+    snap = agent.run_pass()
+    assert collectors(snap)[stage].success is False
+    assert f"{stage} exploded" in collectors(snap)[stage].error
+    c = checks(snap)
+    assert not c[check].ok and f"{stage} exploded" in c[check].detail
+    assert f'gpu_tune_collector_success{{collector="{stage}"}} 0.0'.encode() in snap.metrics_body
+    assert client.get("/healthz").status_code == 200
+    assert client.get("/readiness").status_code == 503
+    # the last good documents are still served
+    assert client.get("/topology").status_code == 200 and client.get("/audit").status_code == 200
+    del world.fail[stage]
+    if stage == "probe":
+        agent.run_probe_once()
+    assert agent.run_pass().verdict.ready
+
+
+def test_publisher_forbidden_shows_hint():
+    world = World()
+    world.publish_out = Pub(False, 'patch nodes/status "node-a": 403 Forbidden; grant the ClusterRole '
+                                   'gpu-tune "patch" on nodes and nodes/status')
+    agent, client = ready_agent(world)
+    c = {x["name"]: x for x in client.get("/readiness").json()["checks"]}
+    assert not c["topology.published"]["ok"] and "403" in c["topology.published"]["detail"]
+    assert "grant the ClusterRole" in c["topology.published"]["detail"]
+    assert b'gpu_tune_collector_success{collector="publish"} 0.0' in client.get("/metrics").content
+    assert world.last_published.ready is True  # what was asked for; the API refused it
+
+
+def test_enforce_rate_limited_per_setting():
+    world = World()
+    world.audit_doc = {"profile": "training", "compliant": False, "settings": [
+        {"id": "sysctl.vm.swappiness", "target": "host", "current": "60", "desired": "0", "status": "drift",
+         "detail": ""}]}
+    mono = Mono()
+    agent = Agent(world.stages(), mode="enforce", enforce_min_interval=300, monotonic=mono)
+    s1 = agent.run_pass()
+    assert world.calls["enforce"] == 1 and s1.audit["settings"][0]["status"] == "ok"
+    mono.t += 60  # something undid it; inside the limit: reported, not re-applied
+    s2 = agent.run_pass()
+    assert world.calls["enforce"] == 1
+    row = s2.audit["settings"][0]
+    assert row["status"] == "drift" and "next re-apply allowed in 240s" in row["detail"]
+    mono.t += 241
+    agent.run_pass()
+    assert world.calls["enforce"] == 2
+
+
+def test_enforce_apply_raising_marks_rows_error():
+    world = World()
+    world.audit_doc = {"profile": "training", "compliant": False, "settings": [
+        {"id": "thp.enabled", "target": "host", "current": "always", "desired": "madvise", "status": "drift",
+         "detail": ""}]}
+    world.fail["enforce"] = HostError("/var/lib/gpu-tune: Read-only file system (EROFS)")
+    agent = Agent(world.stages(), mode="enforce")
+    snap = agent.run_pass()
+    row = snap.audit["settings"][0]
+    assert row["status"] == "error" and "Read-only file system" in row["detail"]
+    assert not checks(snap)["tuning.compliant"].ok
+
+
+def test_enforce_real_engine_read_only_journal(make_host, monkeypatch):
+    """The real engine over a fixture host whose journal folder cannot be written."""
+    from contextlib import contextmanager
+
+    from agent import engine
+    from agent.hostfs import HostFS
+
+    root = make_host("small-2cpu")
+    fs = HostFS(root)
+    prof = Profile(name="training", sysctl={"vm.swappiness": 1})
+
+    @contextmanager
+    def read_only_lock(fs, timeout=30.0):
+        raise HostError("/var/lib/gpu-tune: cannot record originals: Read-only file system")
+        yield  # pragma: no cover
+
+    monkeypatch.setattr(engine, "locked", read_only_lock)
+    world = World()
+    stages = world.stages()
+    stages.audit = lambda: engine.audit(engine.make_context(fs, prof, None))
+    stages.enforce = lambda: engine.apply(engine.make_context(fs, prof, None))
+    agent = Agent(stages, mode="enforce")
+    snap = agent.run_pass()
+    rows = {r["id"]: r for r in snap.audit["settings"]}
+    assert rows["sysctl.vm.swappiness"]["status"] == "error"
+    assert "Read-only file system" in rows["sysctl.vm.swappiness"]["detail"]
+    assert fs.read_value("/proc/sys/vm/swappiness") != "1"  # nothing written without its original
+    client = TestClient(create_app(agent.state))
+    assert client.get("/healthz").status_code == 200 and client.get("/readiness").status_code == 503
+
+
+def test_probe_triggers_on_identity_change_and_interval():
+    world = World()
+    mono = Mono()
+    agent = Agent(world.stages(probe_interval=600), monotonic=mono, jitter=0.0)
+    agent.run_pass()
+    assert agent._probe_request.is_set()
+    agent._probe_request.clear()
+    agent.run_probe_once()
+    agent.run_pass()
+    assert not agent._probe_request.is_set()
+    world.boot_id = "b-2"  # rebooted under us
+    agent.run_pass()
+    assert agent._probe_request.is_set()
+    agent._probe_request.clear()
+    world.gpu_list = [h100(0)]  # GPU set changed
+    agent.run_pass()
+    assert agent._probe_request.is_set()
+    agent._probe_request.clear()
+    agent.run_probe_once()
+    mono.t += 599
+    agent.run_pass()
+    assert not agent._probe_request.is_set()
+    mono.t += 2
+    agent.run_pass()
+    assert agent._probe_request.is_set()
+
+
+def test_threads_keep_answering_during_a_long_probe():
+    world = World()
+    world.probe_gate = threading.Event()
+    agent = Agent(world.stages(), interval=0.05, jitter=0.0)
+    client = TestClient(create_app(agent.state))
+    agent.start()
+    try:
+        assert world.probe_started.wait(5)
+        passes = agent.state.passes
+        t0 = time.monotonic()
+        while agent.state.passes < passes + 3 and time.monotonic() - t0 < 5:
+            assert client.get("/healthz").status_code == 200
+            r = client.get("/readiness")
+            assert r.status_code == 503
+            time.sleep(0.01)
+        assert agent.state.passes >= passes + 3  # the loop went on while the probe ran
+        c = {x["name"]: x for x in client.get("/readiness").json()["checks"]}
+        assert c["probe.ran"]["detail"] == "the probe has not completed yet"
+        world.probe_gate.set()
+        t0 = time.monotonic()
+        while client.get("/readiness").status_code != 200 and time.monotonic() - t0 < 5:
+            time.sleep(0.01)
+        assert client.get("/readiness").status_code == 200
+    finally:
+        world.probe_gate.set()
+        agent.stop()
+    assert all(not t.is_alive() for t in agent._threads)
+
+
+def test_options_validation():
+    for bad in (dict(mode="fix"), dict(interval=0), dict(port=70000), dict(probe_device="tpu"),
+                dict(probe_interval=-1)):
+        with pytest.raises(InputError):
+            ServeOptions(**bad).validate()
+    ServeOptions().validate()
+
+
+# -- the process: SIGTERM, --revert-on-exit ---------------------------------------------------
+SERVE_SCRIPT = r"""
+import json, sys
+sys.path.insert(0, {repo!r})
+from agent.service import ServeOptions, serve
+from tests.test_service import World
+marker = {marker!r}
+world = World()
+st = world.stages()
+def revert():
+    open(marker, "w").write("reverted")
+    return True, ()
+st.revert = revert
+opts = ServeOptions(host="127.0.0.1", port=0, interval=0.2, revert_on_exit={revert_on_exit})
+def ready(port):
+    print(json.dumps({{"port": port}}), flush=True)
+sys.exit(serve(opts, stages=st, ready_callback=ready))
+"""
+
+
+def _get(port: int, path: str, method: str = "GET") -> tuple[int, bytes]:
+    req = urllib.request.Request(f"http://127.0.0.1:{port}{path}", method=method)
+    try:
+        with urllib.request.urlopen(req, timeout=5) as r:
+            return r.status, r.read()
+    except urllib.error.HTTPError as e:
+        return e.code, e.read()
+
+
+@pytest.mark.parametrize("revert_on_exit", [False, True])
+def test_serve_process_sigterm_exits_0(tmp_path, revert_on_exit):
+    marker = tmp_path / "reverted"
+    script = SERVE_SCRIPT.format(repo=str(REPO), marker=str(marker), revert_on_exit=revert_on_exit)
+    proc = subprocess.Popen([sys.executable, "-c", script], stdout=subprocess.PIPE, stderr=subprocess.PIPE,
+                            cwd=REPO, text=True)
+    try:
+        port = json.loads(proc.stdout.readline())["port"]
+        deadline = time.monotonic() + 15
+        while time.monotonic() < deadline:
+            try:
+                code, body = _get(port, "/readiness")
+                if code == 200:
+                    break
+            except OSError:
+                pass
+            time.sleep(0.05)
+        assert code == 200, body
+        assert _get(port, "/healthz")[0] == 200
+        assert _get(port, "/readiness", "POST")[0] == 405
+        assert _get(port, "/nope")[0] == 404
+        import http.client
+
+        conn = http.client.HTTPConnection("127.0.0.1", port, timeout=5)
+        t0 = time.monotonic()
+        for _ in range(50):  # keep-alive; ~40 ms each if TCP_NODELAY were missing (Nagle)
+            conn.request("GET", "/readiness")
+            conn.getresponse().read()
+        assert time.monotonic() - t0 < 1.5
+        conn.close()
+        with socket.create_connection(("127.0.0.1", port), timeout=5) as s:  # not HTTP at all
+            s.sendall(b"\x16\x03\x01garbage\r\n\r\n")
+            reply = s.recv(100)
+        assert not reply.startswith(b"HTTP/1.1 5")
+        proc.send_signal(signal.SIGTERM)
+        rc = proc.wait(15)
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+            proc.wait()
+    assert rc == 0, proc.stderr.read()
+    assert marker.exists() == revert_on_exit
+
+
+def test_serve_port_in_use_is_input_error():
+    from agent.service import _bind
+
+    s = socket.socket()
+    s.bind(("127.0.0.1", 0))
+    s.listen(1)
+    try:
+        with pytest.raises(InputError, match="cannot listen"):
+            _bind("127.0.0.1", s.getsockname()[1])
+    finally:
+        s.close()
+
+
+@pytest.mark.slow
+def test_real_stack_on_fixture_host(tmp_path):
+    """``gpu-tune serve`` for real: fixture host, enforce mode, the TensorFlow CPU probe."""
+    from tests.fixtures import hostgen
+
+    root = hostgen.build("small-2cpu", tmp_path / "host")
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        port = s.getsockname()[1]
+    exe = Path(sys.executable).with_name("gpu-tune")
+    argv = ([str(exe)] if exe.exists() else [sys.executable, "-m", "agent.cli"]) + [
+        "--root", str(root), "--gpu-backend", "none", "serve", "--host", "127.0.0.1", "--port", str(port),
+        "--no-kube", "--mode", "enforce", "--probe-device", "cpu", "--interval", "2", "--node", "fixture-node"]
+    log = open(tmp_path / "agent.log", "w")
+    proc = subprocess.Popen(argv, cwd=REPO, stdout=subprocess.DEVNULL, stderr=log)
+    try:
+        deadline = time.monotonic() + 90
+        code, body = 0, b""
+        while time.monotonic() < deadline and proc.poll() is None:
+            try:
+                code, body = _get(port, "/readiness")
+                if code == 200:
+                    break
+            except OSError:
+                pass
+            time.sleep(0.2)
+        assert code == 200, (body, (tmp_path / "agent.log").read_text()[-2000:])
+        doc = json.loads(body)
+        assert doc["node"] == "fixture-node" and doc["profile"] == "training"
+        assert {c["name"] for c in doc["checks"]} >= {"tuning.compliant", "topology.published", "probe.cpu.passed"}
+        audit = json.loads(_get(port, "/audit")[1])
+        assert audit["compliant"] is True and audit["profile"] == "training"
+        assert (root / "proc/sys/vm/swappiness").read_text().strip() == "0"  # enforce applied the profile
+        metrics = _get(port, "/metrics")[1].decode()
+        assert "gpu_tune_ready 1.0" in metrics
+        assert 'gpu_tune_probe_accuracy{Hostname="fixture-node",UUID="",gpu="cpu"' in metrics
+        assert 'gpu_tune_collector_success{collector="enforce"} 1.0' in metrics
+        probes = json.loads(_get(port, "/probe")[1])
+        assert probes[0]["gpu"] == "cpu" and probes[0]["passed"] is True
+        proc.send_signal(signal.SIGTERM)
+        assert proc.wait(20) == 0
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+            proc.wait()
+    # no rollback on exit: the tuned value stays
+    assert (root / "proc/sys/vm/swappiness").read_text().strip() == "0"
