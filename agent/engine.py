@@ -12,7 +12,7 @@ from __future__ import annotations
 import logging
 import os
 import time
-from typing import Iterable, Sequence
+from typing import Collection, Iterable, Sequence
 
 from .errors import GpuTuneError, HostError, UnsupportedWrite
 from .gpu.base import GpuError
@@ -61,9 +61,9 @@ def audit(ctx: Context, knobs: Sequence[Knob] = KNOBS) -> Report:
     return Report(ctx.profile.name, tuple(rows))
 
 
-def plan(rows: Iterable[Setting]) -> tuple[Setting, ...]:
-    """Pure: which rows apply should change (those that drift)."""
-    return tuple(r for r in rows if r.status == "drift")
+def plan(rows: Iterable[Setting], only: Collection[tuple[str, str]] | None = None) -> tuple[Setting, ...]:
+    """Pure: which rows apply should change: those that drift (and, given ``only``, are in it)."""
+    return tuple(r for r in rows if r.status == "drift" and (only is None or (r.id, r.target) in only))
 
 
 def _key(row: Setting) -> tuple[str, str]:
@@ -82,11 +82,13 @@ def dry_run(report: Report) -> Report:
 
 
 def apply(ctx: Context, *, dry: bool = False, lock_timeout: float | None = None,
-          knobs: Sequence[Knob] = KNOBS) -> Report:
+          knobs: Sequence[Knob] = KNOBS, only: Collection[tuple[str, str]] | None = None) -> Report:
+    """Apply the profile. ``only`` limits the writes to these (id, target) keys (the agent's
+    per-setting rate limit); the returned rows still cover every setting."""
     before = audit(ctx, knobs)
     if dry:
         return dry_run(before)
-    changes = plan(before.settings)
+    changes = plan(before.settings, only)
     if not changes:
         return Report(before.profile, tuple(r.with_(changed=False) for r in before.settings))
 

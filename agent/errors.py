@@ -19,9 +19,17 @@ class InputError(GpuTuneError):
 
 
 class HostError(GpuTuneError):
-    """A host file could not be read or written (reported per row, not fatal)."""
+    """A host file could not be read or written (reported per row, not fatal).
+
+    ``errno`` carries the OS error number when there is one (EIO from a kernel-managed IRQ,
+    EINVAL from a governor the driver lacks, EROFS from a read-only disk).
+    """
 
     exit_code = 3
+
+    def __init__(self, message: str, errno: int | None = None) -> None:
+        super().__init__(message)
+        self.errno = errno
 
 
 class LockBusy(GpuTuneError):

@@ -77,7 +77,7 @@ class HostFS:
         except IsADirectoryError:
             raise HostError(f"{host_path}: is a directory, expected a file") from None
         except OSError as exc:
-            raise HostError(f"{host_path}: {_reason(exc)}") from None
+            raise HostError(f"{host_path}: {_reason(exc)}", exc.errno) from None
 
     def read_bytes(self, host_path: str) -> bytes:
         p = self.path(host_path)
@@ -87,7 +87,7 @@ class HostFS:
         except IsADirectoryError:
             raise HostError(f"{host_path}: is a directory, expected a file") from None
         except OSError as exc:
-            raise HostError(f"{host_path}: {_reason(exc)}") from None
+            raise HostError(f"{host_path}: {_reason(exc)}", exc.errno) from None
 
     def read_value(self, host_path: str) -> str:
         """A one-value kernel file, stripped."""
@@ -107,7 +107,7 @@ class HostFS:
         except (FileNotFoundError, NotADirectoryError):
             return []
         except OSError as exc:
-            raise HostError(f"{host_path}: {_reason(exc)}") from None
+            raise HostError(f"{host_path}: {_reason(exc)}", exc.errno) from None
 
     def pids(self) -> list[int]:
         return [int(n) for n in self.listdir("/proc") if n.isdigit()]
@@ -124,12 +124,12 @@ class HostFS:
         try:
             fd = os.open(p, os.O_WRONLY | os.O_TRUNC)
         except OSError as exc:
-            raise HostError(f"{host_path}: {_reason(exc)}") from None
+            raise HostError(f"{host_path}: {_reason(exc)}", exc.errno) from None
         try:
             data = value.encode()
             os.write(fd, data)
         except OSError as exc:
-            raise HostError(f"cannot write {value!r} to {host_path}: {_reason(exc)}") from None
+            raise HostError(f"cannot write {value!r} to {host_path}: {_reason(exc)}", exc.errno) from None
         finally:
             os.close(fd)
 
@@ -139,11 +139,11 @@ class HostFS:
         try:
             fd = os.open(p, os.O_WRONLY | os.O_TRUNC)
         except OSError as exc:
-            raise HostError(f"{host_path}: {_reason(exc)}") from None
+            raise HostError(f"{host_path}: {_reason(exc)}", exc.errno) from None
         try:
             os.write(fd, data)
         except OSError as exc:
-            raise HostError(f"{host_path}: {_reason(exc)}") from None
+            raise HostError(f"{host_path}: {_reason(exc)}", exc.errno) from None
         finally:
             os.close(fd)
 
@@ -154,7 +154,7 @@ class HostFS:
             p.parent.mkdir(parents=True, exist_ok=True)
             fd, tmp = tempfile.mkstemp(prefix=f".{p.name}.", dir=p.parent)
         except OSError as exc:
-            raise HostError(f"{self.host_path(p.parent)}: {_reason(exc)}") from None
+            raise HostError(f"{self.host_path(p.parent)}: {_reason(exc)}", exc.errno) from None
         try:
             with os.fdopen(fd, "wb") as fh:
                 fh.write(data)
@@ -172,7 +172,7 @@ class HostFS:
                 os.unlink(tmp)
             except OSError:
                 pass
-            raise HostError(f"{host_path}: {_reason(exc)}") from None
+            raise HostError(f"{host_path}: {_reason(exc)}", exc.errno) from None
 
     def remove(self, host_path: str) -> None:
         try:
@@ -180,7 +180,7 @@ class HostFS:
         except FileNotFoundError:
             pass
         except OSError as exc:
-            raise HostError(f"{host_path}: {_reason(exc)}") from None
+            raise HostError(f"{host_path}: {_reason(exc)}", exc.errno) from None
 
     # -- what kind of file -----------------------------------------------------------------
     @cached_property

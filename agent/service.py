@@ -145,8 +145,8 @@ def default_stages(options: ServeOptions) -> Stages:
     def audit():
         return engine.audit(engine.make_context(fs, profile, backend))
 
-    def enforce():
-        return engine.apply(engine.make_context(fs, profile, backend), dry=False)
+    def enforce(only=None):
+        return engine.apply(engine.make_context(fs, profile, backend), dry=False, only=only)
 
     def gpus():
         return list(backend.gpus())
@@ -265,10 +265,10 @@ class Agent:
                                         f"next re-apply allowed in {wait:.0f}s"}
                 rows.append(s)
             return {**before, "settings": rows}
-        for k in drifted:
+        for k in due:
             self._last_enforced[k] = now
         try:
-            return as_doc(self.stages.enforce())
+            return as_doc(self.stages.enforce(only=set(due)))
         except Exception as exc:
             reason = _reason(exc)
             rows = [{**s, "status": "error", "changed": False, "detail": f"not re-applied: {reason}"}

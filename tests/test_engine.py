@@ -210,3 +210,13 @@ def test_corrupt_journal_is_reported_not_overwritten(make_host, core_profile):
     assert any("unreadable journal" in r.detail for r in rep.settings)
     assert j.read_text() == "{not json"
     assert (root / "proc/sys/vm/swappiness").read_text() == "60\n"
+
+
+def test_apply_only_limits_the_writes(make_host, core_profile):
+    root = make_host("small-2cpu")
+    rep = apply(ctx_for(root, core_profile), only={("sysctl.vm.swappiness", "host")})
+    rows = rows_by(rep)
+    assert rows[("sysctl.vm.swappiness", "host")].status == "ok" and rows[("sysctl.vm.swappiness", "host")].changed
+    assert rows[("thp.enabled", "host")].status == "drift" and not rows[("thp.enabled", "host")].changed
+    assert (root / "sys/kernel/mm/transparent_hugepage/enabled").read_text().startswith("always [madvise]")
+    assert [e["id"] for e in Journal(HostFS(root)).load().entries] == ["sysctl.vm.swappiness"]

@@ -3,6 +3,8 @@ fresh copies of generated host trees (each test builds its own)."""
 
 from __future__ import annotations
 
+import errno
+
 import statistics
 import time
 
@@ -180,14 +182,14 @@ def test_irq_unknown_node_irqbalance_and_managed(make_host, gpu_fixture, monkeyp
     assert {r.status for r in rows} == {"drift"}
 
     def eio(path, value):
-        raise HostError(f"cannot write {value!r} to {path}: Input/output error (EIO)")
+        raise HostError(f"cannot write {value!r} to {path}: Input/output error (EIO)", errno.EIO)
 
     monkeypatch.setattr(ctx.fs, "write_text", eio)
     with pytest.raises(UnsupportedWrite, match="kernel-managed"):
         knob.apply(ctx, rows[0])
 
     def eperm(path, value):
-        raise HostError(f"{path}: Permission denied (EACCES)")
+        raise HostError(f"{path}: Permission denied (EACCES)", errno.EACCES)
 
     monkeypatch.setattr(ctx.fs, "write_text", eperm)
     with pytest.raises(HostError) as ei:

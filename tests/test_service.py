@@ -67,8 +67,9 @@ class World:
         self._call("audit")
         return self.audit_doc
 
-    def enforce(self):
+    def enforce(self, only=None):
         self._call("enforce")
+        self.enforce_only = only
         return self.enforce_doc or {**self.audit_doc, "settings": [
             {**s, "status": "ok", "current": s["desired"], "changed": True} for s in self.audit_doc["settings"]]}
 
@@ -219,6 +220,22 @@ def test_enforce_rate_limited_per_setting():
     mono.t += 241
     agent.run_pass()
     assert world.calls["enforce"] == 2
+    assert world.enforce_only == {("sysctl.vm.swappiness", "host")}
+
+
+def test_enforce_rewrites_only_the_settings_past_their_limit():
+    world = World()
+    sw = {"id": "sysctl.vm.swappiness", "target": "host", "current": "60", "desired": "0", "status": "drift", "detail": ""}
+    thp = {"id": "thp.enabled", "target": "host", "current": "never", "desired": "always", "status": "ok", "detail": ""}
+    world.audit_doc = {"profile": "training", "compliant": False, "settings": [sw, thp]}
+    mono = Mono()
+    agent = Agent(world.stages(), mode="enforce", enforce_min_interval=300, monotonic=mono)
+    agent.run_pass()
+    assert world.enforce_only == {("sysctl.vm.swappiness", "host")}
+    mono.t += 60  # both drift now; only thp.enabled is due
+    world.audit_doc = {"profile": "training", "compliant": False, "settings": [sw, {**thp, "status": "drift"}]}
+    agent.run_pass()
+    assert world.enforce_only == {("thp.enabled", "host")}
 
 
 def test_enforce_apply_raising_marks_rows_error():
@@ -254,7 +271,7 @@ def test_enforce_real_engine_read_only_journal(make_host, monkeypatch):
     world = World()
     stages = world.stages()
     stages.audit = lambda: engine.audit(engine.make_context(fs, prof, None))
-    stages.enforce = lambda: engine.apply(engine.make_context(fs, prof, None))
+    stages.enforce = lambda only=None: engine.apply(engine.make_context(fs, prof, None), only=only)
     agent = Agent(stages, mode="enforce")
     snap = agent.run_pass()
     rows = {r["id"]: r for r in snap.audit["settings"]}

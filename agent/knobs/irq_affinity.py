@@ -16,6 +16,8 @@ when it differs.
 
 from __future__ import annotations
 
+import errno
+
 from typing import Any
 
 from ..errors import HostError, UnsupportedWrite
@@ -149,7 +151,7 @@ class IrqAffinityKnob(Knob):
         except UnsupportedWrite:
             raise
         except HostError as exc:
-            if "(EIO)" in str(exc):
+            if exc.errno == errno.EIO:
                 raise UnsupportedWrite(f"IRQ {row.target}: kernel-managed IRQ, its affinity cannot be "
                                        f"changed ({exc})") from None
             raise
