@@ -11,7 +11,6 @@ import functools
 import inspect
 import json
 import logging
-import os
 import sys
 from dataclasses import dataclass
 from enum import Enum

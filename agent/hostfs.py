@@ -25,6 +25,34 @@ def _reason(exc: OSError) -> str:
     return f"{text} ({code})" if code else text
 
 
+def atomic_write(path: Path, data: bytes, mode: int = 0o644) -> None:
+    """Replace ``path`` crash-safely: a temp file beside it, fsync, rename over, fsync the folder.
+
+    A crash at any point leaves either the old file or the new one, never a torn one.
+    Raises OSError.
+    """
+    path.parent.mkdir(parents=True, exist_ok=True)
+    fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", dir=path.parent)
+    try:
+        with os.fdopen(fd, "wb") as fh:
+            fh.write(data)
+            fh.flush()
+            os.fsync(fh.fileno())
+        os.chmod(tmp, mode)
+        os.replace(tmp, path)
+    except BaseException:
+        try:
+            os.unlink(tmp)
+        except OSError:
+            pass
+        raise
+    dfd = os.open(path.parent, os.O_RDONLY)
+    try:
+        os.fsync(dfd)
+    finally:
+        os.close(dfd)
+
+
 class HostFS:
     """Read and write the host's files under ``root``."""
 
@@ -151,28 +179,10 @@ class HostFS:
         """Create or replace a regular file crash-safely: temp file, fsync, rename, fsync dir."""
         p = self.path(host_path)
         try:
-            p.parent.mkdir(parents=True, exist_ok=True)
-            fd, tmp = tempfile.mkstemp(prefix=f".{p.name}.", dir=p.parent)
+            atomic_write(p, data, mode)
         except OSError as exc:
-            raise HostError(f"{self.host_path(p.parent)}: {_reason(exc)}", exc.errno) from None
-        try:
-            with os.fdopen(fd, "wb") as fh:
-                fh.write(data)
-                fh.flush()
-                os.fsync(fh.fileno())
-            os.chmod(tmp, mode)
-            os.replace(tmp, p)
-            dfd = os.open(p.parent, os.O_RDONLY)
-            try:
-                os.fsync(dfd)
-            finally:
-                os.close(dfd)
-        except OSError as exc:
-            try:
-                os.unlink(tmp)
-            except OSError:
-                pass
-            raise HostError(f"{host_path}: {_reason(exc)}", exc.errno) from None
+            where = host_path if p.parent.exists() else self.host_path(p.parent)
+            raise HostError(f"{where}: {_reason(exc)}", exc.errno) from None
 
     def remove(self, host_path: str) -> None:
         try:

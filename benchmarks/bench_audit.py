@@ -9,7 +9,6 @@ the engine's own audit of the 224-CPU fixture < 50 ms.
 from __future__ import annotations
 
 import argparse
-import statistics
 import time
 
 from _util import build_host, gpu_tune_argv, median_ms, time_process

@@ -12,21 +12,7 @@ import threading
 import time
 from typing import Any
 
-
-def format_cpulist(cpus) -> str:
-    nums = sorted(set(cpus))
-    if not nums:
-        return ""
-    parts: list[str] = []
-    start = prev = nums[0]
-    for n in nums[1:]:
-        if n == prev + 1:
-            prev = n
-            continue
-        parts.append(f"{start}-{prev}" if prev != start else str(start))
-        start = prev = n
-    parts.append(f"{start}-{prev}" if prev != start else str(start))
-    return ",".join(parts)
+from agent.parse import format_cpulist  # pure and light: no agent runtime is imported
 
 
 def _read(path: str) -> str | None:

@@ -13,7 +13,6 @@ from __future__ import annotations
 
 import json
 import os
-import tempfile
 from dataclasses import fields
 from pathlib import Path
 from typing import Any
@@ -135,27 +134,15 @@ class FixtureBackend:
 
     # -- writing back ---------------------------------------------------------------------------
     def _write(self) -> None:
+        from ..hostfs import atomic_write
+
         data = (json.dumps(self._data, indent=2) + "\n").encode()
         p = self.path
-        fd, tmp = tempfile.mkstemp(prefix=f".{p.name}.", dir=p.parent)
         try:
-            with os.fdopen(fd, "wb") as fh:
-                fh.write(data)
-                fh.flush()
-                os.fsync(fh.fileno())
-            try:
-                os.chmod(tmp, p.stat().st_mode & 0o7777)
-            except OSError:
-                pass
-            os.replace(tmp, p)
-            dfd = os.open(p.parent, os.O_RDONLY)
-            try:
-                os.fsync(dfd)
-            finally:
-                os.close(dfd)
+            mode = p.stat().st_mode & 0o7777
+        except OSError:
+            mode = 0o644
+        try:
+            atomic_write(p, data, mode)
         except OSError as exc:
-            try:
-                os.unlink(tmp)
-            except OSError:
-                pass
             raise GpuError(f"cannot write {p}: {exc.strerror or exc}", "error") from None
