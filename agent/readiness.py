@@ -6,7 +6,9 @@ Checks (names are stable; they are the ``check`` label of ``gpu_tune_check_ok``)
 - ``gpu.backend``        the GPU backend answered (only listed when it raised);
 - ``gpu.<index>.healthy`` per GPU: present (answers), persistence mode on (when the profile asks for
   it), no uncorrected volatile ECC error, no page retirement pending, no fatal XID, PCIe link at
-  its maximum generation and width, not slowed down for thermal reasons and not above
+  its maximum width, and at its maximum generation while the GPU is busy (utilization at least
+  :data:`BUSY_UTILIZATION_PERCENT`; idle GPUs lower the generation to save power, which the
+  passing check's detail notes), not slowed down for thermal reasons and not above
   ``readiness.max_temperature_c``;
 - ``topology.published`` topology discovered and the node labels/condition written (or Kubernetes
   publishing switched off);
@@ -44,6 +46,9 @@ FATAL_XIDS: dict[int, str] = {
 
 NONCOMPLIANT = ("drift", "conflict", "error")
 MAX_LISTED = 5  # rows named in one detail before "and N more"
+# At or above this utilization a PCIe link below its top generation is a fault; below it the
+# GPU may have lowered the link to save power (ASPM / dynamic link speed), as idle GPUs do.
+BUSY_UTILIZATION_PERCENT = 10
 
 
 @dataclass(frozen=True)
@@ -130,6 +135,40 @@ def _is_thermal(reason: str) -> bool:
     return "thermal" in r or r in ("hw_slowdown", "hwslowdown")
 
 
+def _below(cur: Any, top: Any) -> bool:
+    return isinstance(cur, int) and isinstance(top, int) and cur < top
+
+
+def pcie_link(gpu: Any, pcie: Mapping[str, Any] | None = None) -> tuple[Any, Any, Any, Any]:
+    """(gen current, gen max, width current, width max): the topology's sysfs reading where it
+    has one, else the GPU backend's."""
+    def pick(topo_key: str, gpu_key: str) -> Any:
+        v = _get(pcie, topo_key) if pcie else None
+        return v if v is not None else _get(gpu, gpu_key)
+
+    return (pick("gen_current", "pcie_link_gen_current"), pick("gen_max", "pcie_link_gen_max"),
+            pick("width_current", "pcie_link_width_current"), pick("width_max", "pcie_link_width_max"))
+
+
+def is_busy(gpu: Any) -> bool:
+    """Whether the GPU is loaded enough that its PCIe link must run at its top generation."""
+    util = _get(gpu, "utilization_percent")
+    return isinstance(util, (int, float)) and not isinstance(util, bool) and util >= BUSY_UTILIZATION_PERCENT
+
+
+def gpu_notes(gpu: Any, pcie: Mapping[str, Any] | None = None) -> list[str]:
+    """Facts about a GPU that are not problems, for a passing check's detail."""
+    if _get(gpu, "error"):
+        return []
+    gen_cur, gen_max, w_cur, w_max = pcie_link(gpu, pcie)
+    if _below(gen_cur, gen_max) and not _below(w_cur, w_max) and not is_busy(gpu):
+        util = _get(gpu, "utilization_percent")
+        load = f"idle ({util:g}% utilization)" if isinstance(util, (int, float)) else "utilization unknown"
+        return [f"PCIe link at Gen{gen_cur} of Gen{gen_max} while {load}: GPUs lower the link "
+                f"generation to save power; judged only under load"]
+    return []
+
+
 def gpu_problems(gpu: Any, *, want_persistence: bool = False,
                  max_temperature_c: float | None = None, pcie: Mapping[str, Any] | None = None) -> list[str]:
     """What is wrong with one GPU, each as a sentence a person can act on (empty: healthy)."""
@@ -153,18 +192,13 @@ def gpu_problems(gpu: Any, *, want_persistence: bool = False,
     if xids:
         desc = ", ".join(f"{x} ({FATAL_XIDS[x]})" for x in sorted(set(xids)))
         out.append(f"fatal XID {desc}: drain the node, reset the GPU, and check the hardware if it recurs")
-    gen_cur = _get(pcie, "gen_current") if pcie else None
-    gen_max = _get(pcie, "gen_max") if pcie else None
-    w_cur = _get(pcie, "width_current") if pcie else None
-    w_max = _get(pcie, "width_max") if pcie else None
-    gen_cur = gen_cur if gen_cur is not None else _get(gpu, "pcie_link_gen_current")
-    gen_max = gen_max if gen_max is not None else _get(gpu, "pcie_link_gen_max")
-    w_cur = w_cur if w_cur is not None else _get(gpu, "pcie_link_width_current")
-    w_max = w_max if w_max is not None else _get(gpu, "pcie_link_width_max")
+    gen_cur, gen_max, w_cur, w_max = pcie_link(gpu, pcie)
     link = []
-    if isinstance(gen_cur, int) and isinstance(gen_max, int) and gen_cur < gen_max:
-        link.append(f"Gen{gen_cur} of Gen{gen_max}")
-    if isinstance(w_cur, int) and isinstance(w_max, int) and w_cur < w_max:
+    narrow = _below(w_cur, w_max)
+    if _below(gen_cur, gen_max) and (narrow or is_busy(gpu)):
+        link.append(f"Gen{gen_cur} of Gen{gen_max}"
+                    + ("" if narrow else f" at {_get(gpu, 'utilization_percent'):g}% utilization"))
+    if narrow:
         link.append(f"x{w_cur} of x{w_max}")
     if link:
         out.append(f"PCIe link trained down ({', '.join(link)}): reseat the card or check the riser/slot")
@@ -196,7 +230,8 @@ def gpu_checks(gpus: Iterable[Any], *, want_persistence: bool = False,
         if problems:
             out.append(Check(f"gpu.{idx}.healthy", False, "; ".join(problems)))
         else:
-            out.append(Check(f"gpu.{idx}.healthy", True, f"{label} healthy"))
+            notes = gpu_notes(g, pcie)
+            out.append(Check(f"gpu.{idx}.healthy", True, f"{label} healthy" + "".join(f"; {n}" for n in notes)))
     return out
 
 

@@ -5,7 +5,9 @@ once per ``enforce_min_interval`` per setting) -> verdict -> publish -> snapshot
 +-10 % jitter. The probe runs in its own thread (it spawns its own process), at start, every
 ``probe interval`` and whenever the GPU set, the driver version or the boot id changes, so
 ``/healthz`` and ``/readiness`` keep answering while it runs; when it finishes the loop runs a
-pass at once to publish the new verdict.
+pass at once to publish the new verdict. Each probe run is saved under
+``<root>/var/lib/gpu-tune/probe.json`` (what ``gpu-tune label`` judges by), and at start the saved
+verdicts are loaded back: a busy GPU that is skipped keeps its last verdict across restarts.
 
 Every stage is a callable on :class:`Stages`: :func:`default_stages` builds the real ones, tests
 pass fakes. A stage that raises is a failed collector (``gpu_tune_collector_success 0``) and a
@@ -126,6 +128,7 @@ def default_stages(options: ServeOptions) -> Stages:
     from .hostfs import HostFS
     from .labels import desired_node_state
     from .policy import default_policy_dir, load_profile
+    from .state import load_probe_results, save_probe_results
 
     fs = HostFS(options.root)
     profile = load_profile(options.profile, options.policy_dir)
@@ -156,6 +159,12 @@ def default_stages(options: ServeOptions) -> Stages:
         return {"driver_version": backend.driver_version(), "boot_id": boot.strip() if boot else None}
 
     baselines_cache: dict[str, Any] = {}
+    # The verdicts saved by the last probe (this agent before a restart, or `gpu-tune probe`):
+    # what stands for a busy GPU that is skipped until this agent has its own.
+    saved = {str(d["gpu"]): d for d in load_probe_results(fs, profile.name) or []
+             if isinstance(d, dict) and "gpu" in d}
+    if saved:
+        log.info("previous probe verdicts loaded for %s", ", ".join(sorted(saved)))
 
     def probe(topology, previous):
         from . import probe as _probe
@@ -163,9 +172,18 @@ def default_stages(options: ServeOptions) -> Stages:
         if "b" not in baselines_cache:
             baselines_cache["b"] = _probe.load_baselines(policy_dir)
         targets = _probe.plan_targets(topology, profile, backend, gpu="all", device=options.probe_device)
-        return _probe.run_probes(targets, profile.probe, baselines_cache["b"], data=options.probe_data,
-                                 timeout=None, device=options.probe_device, previous=previous,
-                                 gpu_backend=backend)
+        # this agent's own latest verdicts win over the saved ones, GPU by GPU
+        if isinstance(previous, dict) or not previous:
+            prev: Any = {**saved, **{str(k): v for k, v in (previous or {}).items()}}
+        else:
+            prev = previous
+        verdicts = _probe.run_probes(targets, profile.probe, baselines_cache["b"], data=options.probe_data,
+                                     timeout=None, device=options.probe_device, previous=prev or None,
+                                     gpu_backend=backend)
+        err = save_probe_results(fs, profile.name, [as_doc(v) for v in verdicts])
+        if err:
+            log.warning("probe results not saved for `gpu-tune label`: %s", err)
+        return verdicts
 
     def publish(v: Verdict, topology_doc, gpu_docs, driver_version):
         want = desired_node_state(profile=profile.name, ready=v.ready, reason=v.reason(),

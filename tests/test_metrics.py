@@ -34,7 +34,8 @@ TOPOLOGY = {
 
 
 def snapshot(*, lost: bool = False) -> Snapshot:
-    gpus = [h100(0), h100(1, error="Unknown Error", error_kind="lost") if lost else h100(1)]
+    # GPU 1 is busy: its link below the top generation is a fault, not idle power saving
+    gpus = [h100(0), h100(1, error="Unknown Error", error_kind="lost") if lost else h100(1, utilization_percent=85.0)]
     probes = PROBE_OK + [{"gpu": "1", "status": "failed", "passed": False, "reasons": ["accuracy 0.41 < 0.90"],
                           "finished_at": "2025-01-01T00:00:00Z", "duration_seconds": 9.0,
                           "result": {"accuracy": 0.41, "train_images_per_second": 39000.5}}]

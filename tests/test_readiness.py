@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from agent.gpu.base import GpuInfo
 from agent.policy import Profile
-from agent.readiness import FATAL_XIDS, Check, Verdict, gpu_problems, verdict
+from agent.readiness import BUSY_UTILIZATION_PERCENT, FATAL_XIDS, Check, Verdict, gpu_problems, verdict
 
 
 def h100(index: int = 0, **kw) -> GpuInfo:
@@ -79,6 +79,8 @@ def test_each_gpu_problem_is_reported():
     assert gpu_problems(h100(xid_events=(13, 31, 43))) == []  # application faults
     link = gpu_problems(h100(pcie_link_gen_current=3, pcie_link_width_current=8))
     assert link and "Gen3 of Gen5" in link[0] and "x8 of x16" in link[0]
+    busy = gpu_problems(h100(pcie_link_gen_current=3, utilization_percent=80.0))
+    assert busy and "Gen3 of Gen5 at 80% utilization" in busy[0]
     assert any("thermal" in p for p in gpu_problems(h100(clock_throttle_reasons=("hw_thermal_slowdown",))))
     assert gpu_problems(h100(clock_throttle_reasons=("gpu_idle",))) == []
     assert any("above 87" in p for p in gpu_problems(h100(temperature_c=91.0), max_temperature_c=87))
@@ -91,8 +93,40 @@ def test_fatal_xid_set_documented():
 def test_topology_pcie_overrides_backend_fields():
     topo = {"gpus": [{"index": 0, "pci_bus_id": "0000:18:00.0",
                       "pcie": {"gen_current": 4, "gen_max": 5, "width_current": 16, "width_max": 16}}]}
-    v = verdict(profile=Profile(name="training"), audit=AUDIT_OK, gpus=[h100(0)], topology=topo, probes=PROBE_OK)
-    assert "Gen4 of Gen5" in by_name(v)["gpu.0.healthy"].detail
+    v = verdict(profile=Profile(name="training"), audit=AUDIT_OK, gpus=[h100(0, utilization_percent=95.0)],
+                topology=topo, probes=PROBE_OK)
+    c = by_name(v)["gpu.0.healthy"]
+    assert not c.ok and "Gen4 of Gen5 at 95% utilization" in c.detail
+    topo["gpus"][0]["pcie"]["width_current"] = 8  # sysfs says narrower than the backend does
+    c = by_name(verdict(profile=Profile(name="training"), audit=AUDIT_OK, gpus=[h100(0)], topology=topo,
+                        probes=PROBE_OK))["gpu.0.healthy"]
+    assert not c.ok and "x8 of x16" in c.detail
+
+
+def test_idle_gpu_at_lower_pcie_generation_passes_with_a_note():
+    """GPUs lower the link generation when idle (power saving): only width, or generation under load, fails."""
+    for util in (0.0, 9.5, None):
+        g = h100(0, pcie_link_gen_current=1, utilization_percent=util)
+        assert gpu_problems(g) == [], util
+        v = verdict(profile=Profile(name="training"), audit=AUDIT_OK, gpus=[g], probes=PROBE_OK)
+        c = by_name(v)["gpu.0.healthy"]
+        assert v.ready and c.ok
+        assert "PCIe link at Gen1 of Gen5 while" in c.detail and "judged only under load" in c.detail
+        assert ("utilization unknown" if util is None else f"idle ({util:g}% utilization)") in c.detail
+    assert "PCIe" not in by_name(verdict(profile=Profile(name="training"), audit=AUDIT_OK, gpus=[h100(0)],
+                                         probes=PROBE_OK))["gpu.0.healthy"].detail
+    # at the threshold the GPU counts as busy
+    busy = gpu_problems(h100(0, pcie_link_gen_current=4, utilization_percent=float(BUSY_UTILIZATION_PERCENT)))
+    assert len(busy) == 1 and "Gen4 of Gen5 at 10% utilization" in busy[0]
+    # a narrow link fails whatever the load, and names the generation too
+    narrow = gpu_problems(h100(0, pcie_link_gen_current=3, pcie_link_width_current=8, utilization_percent=0.0))
+    assert len(narrow) == 1 and "Gen3 of Gen5" in narrow[0] and "x8 of x16" in narrow[0]
+    only_width = gpu_problems(h100(0, pcie_link_width_current=4, utilization_percent=0.0))
+    assert len(only_width) == 1 and "x4 of x16" in only_width[0] and "Gen" not in only_width[0]
+    # a lost GPU gets no link note
+    v = verdict(profile=Profile(name="training"), audit=AUDIT_OK, probes=PROBE_OK,
+                gpus=[h100(0, pcie_link_gen_current=1, error="Unknown Error", error_kind="lost")])
+    assert "PCIe" not in by_name(v)["gpu.0.healthy"].detail
 
 
 def test_lost_gpu_fails_only_that_gpu():

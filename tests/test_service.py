@@ -479,3 +479,77 @@ def test_real_stack_on_fixture_host(tmp_path):
             proc.wait()
     # no rollback on exit: the tuned value stays
     assert (root / "proc/sys/vm/swappiness").read_text().strip() == "0"
+
+
+# -- the real probe stage: verdicts saved for `gpu-tune label`, loaded back at start ----------
+def _busy_gpu_host(tmp_path, busy=True):
+    from tests.fixtures import hostgen
+
+    root = hostgen.build("link-degraded", tmp_path / "host")
+    doc = json.loads((REPO / "tests/fixtures/gpu/link-degraded.json").read_text())
+    for g in doc["gpus"]:
+        g["processes"] = [4242] if busy else []
+    fixture = tmp_path / "gpus.json"
+    fixture.write_text(json.dumps(doc))
+    return root, fixture
+
+
+def test_probe_stage_saves_its_verdicts(make_host, monkeypatch):
+    """Each probe run is saved where `gpu-tune label` reads it (a quick error verdict: no data)."""
+    from agent.hostfs import HostFS
+    from agent.service import default_stages
+    from agent.state import load_probe_results
+
+    monkeypatch.setenv("PYTHONPATH", str(REPO))
+    root = make_host("small-2cpu")
+    st = default_stages(ServeOptions(root=str(root), gpu_backend="none", no_kube=True, probe_device="cpu",
+                                     probe_data=str(root / "no-such-mnist.npz")))
+    agent = Agent(st)
+    agent.run_pass()
+    agent.run_probe_once()
+    (v,) = agent._probe.results
+    assert v["gpu"] == "cpu" and v["status"] == "error" and not v["passed"]
+    assert load_probe_results(HostFS(root), "training") == [v]
+    assert load_probe_results(HostFS(root), "inference") is None  # saved for its own profile only
+    snap = agent.run_pass()
+    assert not checks(snap)["probe.cpu.passed"].ok
+    st.close()
+
+
+def test_saved_verdict_stands_for_a_busy_gpu_across_restarts(tmp_path):
+    from agent.hostfs import HostFS
+    from agent.service import default_stages
+    from agent.state import load_probe_results, save_probe_results
+
+    root, fixture = _busy_gpu_host(tmp_path)
+    fs = HostFS(root)
+    before = [passed("0", acc=0.975), {**passed("1"), "status": "failed", "passed": False,
+                                         "reasons": ["accuracy 0.41 < 0.90"], "result": {"accuracy": 0.41}}]
+    assert save_probe_results(fs, "training", before) is None
+
+    def start():  # what `gpu-tune serve` builds at start
+        return default_stages(ServeOptions(root=str(root), gpu_backend="fixture", gpu_fixture=str(fixture),
+                                           no_kube=True, probe_device="gpu"))
+
+    st = start()
+    v = {x.gpu: x for x in st.probe(st.discover(), None)}
+    assert v["0"].status == "skipped" and v["0"].passed and v["0"].result["accuracy"] == 0.975
+    assert "previous verdict stands (passed, finished 2025-01-01T00:00:00Z)" in v["0"].reasons[0]
+    assert v["1"].status == "skipped" and not v["1"].passed and "accuracy 0.41" in " ".join(v["1"].notes)
+    saved = {d["gpu"]: d for d in load_probe_results(fs, "training")}
+    assert saved["0"]["status"] == "skipped" and saved["0"]["passed"] is True
+
+    st = start()  # restarted: the GPUs are still busy, the verdicts still stand
+    v = {x.gpu: x for x in st.probe(st.discover(), None)}
+    assert v["0"].passed and v["0"].result["accuracy"] == 0.975 and not v["1"].passed
+
+    # the agent's own latest verdict wins over the saved one
+    own = {"0": {**passed("0"), "status": "failed", "passed": False, "reasons": ["accuracy 0.5 < 0.9"]}}
+    v = {x.gpu: x for x in st.probe(st.discover(), own)}
+    assert v["0"].status == "skipped" and not v["0"].passed and v["1"].status == "skipped" and not v["1"].passed
+
+    # nothing saved (or saved for another profile): a busy GPU has no verdict to stand on
+    fs.write_file_atomic("/var/lib/gpu-tune/probe.json", json.dumps({"profile": "inference", "results": before}).encode())
+    st = start()
+    v = {x.gpu: x for x in st.probe(st.discover(), None)}
+    assert not v["0"].passed and "no previous verdict" in v["0"].reasons[0]
