@@ -153,14 +153,19 @@ class ProbeVerdict:
     notes: list[str] = field(default_factory=list)
     expected_cpus: str | None = None
     expected_node: int | None = None
+    # For a skipped (busy) GPU: the real run whose verdict stands ({"status", "finished_at"}).
+    stands_for: dict[str, Any] | None = None
 
     def as_dict(self) -> dict[str, Any]:
-        return {"gpu": self.gpu, "status": self.status, "passed": self.passed,
-                "reasons": list(self.reasons), "notes": list(self.notes), "attempts": self.attempts,
-                "started_at": self.started_at, "finished_at": self.finished_at,
-                "duration_seconds": self.duration_seconds, "expected_cpus": self.expected_cpus,
-                "expected_node": self.expected_node, "result": self.result,
-                "stderr_tail": self.stderr_tail}
+        d = {"gpu": self.gpu, "status": self.status, "passed": self.passed,
+             "reasons": list(self.reasons), "notes": list(self.notes), "attempts": self.attempts,
+             "started_at": self.started_at, "finished_at": self.finished_at,
+             "duration_seconds": self.duration_seconds, "expected_cpus": self.expected_cpus,
+             "expected_node": self.expected_node, "result": self.result,
+             "stderr_tail": self.stderr_tail}
+        if self.stands_for is not None:
+            d["stands_for"] = dict(self.stands_for)
+        return d
 
 
 def _now() -> _dt.datetime:
@@ -369,12 +374,14 @@ def _probe_one(target: ProbeTarget, policy: ProbePolicy, baselines: Baselines, *
     exp_cpus = format_cpulist(target.expected_cpus) if target.expected_cpus is not None else None
 
     def verdict(status: str, reasons: list[str], *, attempts: int, result=None, tail: str = "",
-                notes: list[str] | None = None, passed: bool | None = None) -> ProbeVerdict:
+                notes: list[str] | None = None, passed: bool | None = None,
+                stands_for: dict[str, Any] | None = None) -> ProbeVerdict:
         return ProbeVerdict(
             gpu=target.label, status=status, passed=(status == "passed") if passed is None else passed,
             reasons=reasons, attempts=attempts, started_at=_rfc3339(started), finished_at=_rfc3339(_now()),
             duration_seconds=round(time.monotonic() - t0, 3), result=result, stderr_tail=tail,
-            notes=notes or [], expected_cpus=exp_cpus, expected_node=target.expected_node)
+            notes=notes or [], expected_cpus=exp_cpus, expected_node=target.expected_node,
+            stands_for=stands_for)
 
     dev = _target_device(target, device)
     notes: list[str] = list(target.notes)
@@ -387,13 +394,15 @@ def _probe_one(target: ProbeTarget, policy: ProbePolicy, baselines: Baselines, *
         if pids:
             busy = f"GPU {target.gpu_index} is busy with {len(pids)} other process(es) (pid {', '.join(map(str, pids[:8]))})"
             if previous:
-                prev_when = previous.get("finished_at", "?")
-                prev_status = previous.get("status", "?")
-                # A previous skip carries the verdict it stood for; keep pointing at the real run.
+                # A previous skip carries the run it stood for: keep pointing at that real run.
+                real = previous.get("stands_for") or {"status": previous.get("status", "?"),
+                                                      "finished_at": previous.get("finished_at", "?")}
+                carried = (previous.get("notes") if previous.get("status") == "skipped"
+                           else previous.get("reasons")) or []
                 return verdict("skipped", [f"{busy}: not probed; the previous verdict stands "
-                                           f"({prev_status}, finished {prev_when})"],
+                                           f"({real.get('status')}, finished {real.get('finished_at')})"],
                                attempts=0, result=previous.get("result"), passed=bool(previous.get("passed")),
-                               notes=notes + list(previous.get("reasons") or []))
+                               notes=notes + [n for n in carried if n not in notes], stands_for=dict(real))
             return verdict("skipped", [f"{busy}: not probed, and there is no previous verdict"],
                            attempts=0, notes=notes, passed=False)
 

@@ -48,7 +48,7 @@ NONCOMPLIANT = ("drift", "conflict", "error")
 MAX_LISTED = 5  # rows named in one detail before "and N more"
 # At or above this utilization a PCIe link below its top generation is a fault; below it the
 # GPU may have lowered the link to save power (ASPM / dynamic link speed), as idle GPUs do.
-BUSY_UTILIZATION_PERCENT = 10
+BUSY_UTILIZATION_PERCENT = 50  # the same threshold as the PCIe alert rule
 
 
 @dataclass(frozen=True)

@@ -224,8 +224,13 @@ class Agent:
     def __init__(self, stages: Stages, *, mode: str = "audit", interval: float = 60.0,
                  enforce_min_interval: float = 300.0, jitter: float = 0.1, rng: random.Random | None = None,
                  clock: Callable[[], float] = time.time, monotonic: Callable[[], float] = time.monotonic,
-                 probe_enabled: bool = True) -> None:
+                 probe_enabled: bool = True, first_publish_max_wait: float = 900.0) -> None:
         self.stages = stages
+        # Hold the first publish until the first probe has a verdict (bounded), so a starting
+        # node is published once (labels, condition, Event: 3 writes) instead of "not ready"
+        # and then "ready" a few seconds later.
+        self.first_publish_max_wait = float(first_publish_max_wait)
+        self._started_at: float | None = None
         self.mode = mode
         self.interval = float(interval)
         self.enforce_min_interval = float(enforce_min_interval)
@@ -351,9 +356,16 @@ class Agent:
                      probes=probes, errors=errors, mode=self.mode)
         pre = verdict(**judge)
         driver = (identity or {}).get("driver_version")
-        pub, st = self._run("publish", lambda: self.stages.publish(pre, self._topology_doc, self._gpus, driver))
+        if self._holding_first_publish(probe):
+            pub, st = None, CollectorStatus("publish", True, 0.0)
+            wait = self.first_publish_max_wait - (self.monotonic() - (self._started_at or 0.0))
+            log.info("first publish waits for the first probe verdict (at most %.0fs more)", max(wait, 0.0))
+        else:
+            pub, st = self._run("publish", lambda: self.stages.publish(pre, self._topology_doc, self._gpus, driver))
         statuses.append(st)
-        if st.success:
+        if pub is None and st.success:
+            pass
+        elif st.success:
             self._last_publish = pub
             if not _field(pub, "ok", False):
                 statuses[-1] = CollectorStatus("publish", False, st.duration,
@@ -428,7 +440,15 @@ class Agent:
                 log.exception("loop pass failed")
             self._wake.wait(self._jittered(self.interval))
 
+    def _holding_first_publish(self, probe: "_ProbeState") -> bool:
+        if self._started_at is None or not self.probe_enabled or self._last_publish is not None:
+            return False
+        if probe.runs > 0:
+            return False
+        return self.monotonic() - self._started_at < self.first_publish_max_wait
+
     def start(self) -> None:
+        self._started_at = self.monotonic()
         self._threads = [threading.Thread(target=self._loop, name="gpu-tune-loop", daemon=True)]
         if self.probe_enabled:
             self._threads.append(threading.Thread(target=self._probe_loop, name="gpu-tune-probe", daemon=True))
@@ -471,8 +491,11 @@ def serve(options: ServeOptions, *, stages: Stages | None = None,
 
     options.validate()
     stages = stages or default_stages(options)
+    pp = getattr(stages.profile, "probe", None)
+    hold = (float(getattr(pp, "timeout_s", 300.0)) * (int(getattr(pp, "retries", 0)) + 1) + 60.0) if pp else 900.0
     agent = Agent(stages, mode=options.mode, interval=options.interval,
-                  enforce_min_interval=options.enforce_min_interval, jitter=options.jitter)
+                  enforce_min_interval=options.enforce_min_interval, jitter=options.jitter,
+                  first_publish_max_wait=hold)
     app = create_app(agent.state)
     sock = _bind(options.host, int(options.port))
     config = uvicorn.Config(app, log_level="warning", access_log=False, lifespan="off",

@@ -89,12 +89,18 @@ class PciDevice:
 
     @property
     def link_degraded(self) -> bool:
-        """The link trained below what both ends can do (lower generation or width)."""
-        gen = (self.link_gen_current is not None and self.link_gen_max is not None
-               and self.link_gen_current < self.link_gen_max)
-        width = (self.link_width_current is not None and self.link_width_max is not None
-                 and self.link_width_current < self.link_width_max)
-        return gen or width
+        """The link trained narrower than both ends can do (x8 of x16): a fault at any load.
+
+        A lower *generation* alone is not a fault here: GPUs and NICs drop the link speed when
+        idle to save power (see :attr:`link_gen_below_max`); readiness judges it under load.
+        """
+        return (self.link_width_current is not None and self.link_width_max is not None
+                and self.link_width_current < self.link_width_max)
+
+    @property
+    def link_gen_below_max(self) -> bool:
+        return (self.link_gen_current is not None and self.link_gen_max is not None
+                and self.link_gen_current < self.link_gen_max)
 
     @property
     def label(self) -> str:
@@ -105,7 +111,7 @@ class PciDevice:
     def pcie_dict(self) -> dict[str, Any]:
         return {"gen_current": self.link_gen_current, "gen_max": self.link_gen_max,
                 "width_current": self.link_width_current, "width_max": self.link_width_max,
-                "degraded": self.link_degraded}
+                "degraded": self.link_degraded, "gen_below_max": self.link_gen_below_max}
 
 
 @dataclass(frozen=True)
@@ -387,12 +393,16 @@ def discover(fs: "HostFS", gpus: "GpuBackend | Iterable[GpuInfo] | None" = None)
         if g.link_degraded:
             warnings.append(f"{g.label}: PCIe link runs at gen{g.link_gen_current} x{g.link_width_current}, "
                             f"capable of gen{g.link_gen_max} x{g.link_width_max}")
+        elif g.link_gen_below_max:
+            warnings.append(f"{g.label}: PCIe link at gen{g.link_gen_current} of gen{g.link_gen_max} "
+                            "(normal while idle: GPUs lower the link speed to save power; readiness "
+                            "judges the generation under load)")
         if backend is not None and g.gpu_index is not None:
             warnings.extend(_cross_check(backend, g, nodes))
     for n in nic_devs:
         if n.numa_source == "unknown":
             warnings.append(f"{n.label}: NUMA node unknown (numa_node is -1 and local_cpulist is not within one node)")
-        if n.link_degraded:
+        if n.link_degraded or n.link_gen_below_max:
             warnings.append(f"{n.label}: PCIe link runs at gen{n.link_gen_current} x{n.link_width_current}, "
                             f"capable of gen{n.link_gen_max} x{n.link_width_max}")
 

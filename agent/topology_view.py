@@ -24,6 +24,8 @@ def _link(dev: PciDevice) -> Text:
     if dev.link_degraded:
         text.append(f" DEGRADED (capable of gen{gen(dev.link_gen_max)} x{gen(dev.link_width_max)})",
                     style="bold red")
+    elif dev.link_gen_below_max:
+        text.append(f" (gen{gen(dev.link_gen_max)} capable; lower while idle)", style="yellow")
     return text
 
 

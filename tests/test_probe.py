@@ -227,6 +227,12 @@ def test_busy_gpu_is_skipped_and_previous_verdict_stands(fake):
     assert v0.status == "skipped" and v0.passed and v0.attempts == 0 and v0.result == {"accuracy": 0.97}
     assert "busy with 1 other process(es) (pid 4242)" in v0.reasons[0] and "previous verdict stands" in v0.reasons[0]
     assert v1.status == "passed" and v1.attempts == 1
+    assert v0.stands_for == {"status": "passed", "finished_at": "2025-01-01T00:00:00Z"}
+    # still busy on the next pass: the verdict keeps pointing at the real run, not at the skip
+    (again,) = _run([targets[0]], module=fake, previous={"results": [v0.as_dict()]}, backend=BusyBackend({0: [4242]}))
+    assert again.status == "skipped" and again.passed
+    assert "(passed, finished 2025-01-01T00:00:00Z)" in again.reasons[0]
+    assert again.stands_for == v0.stands_for and again.notes == v0.notes
     (fresh,) = _run([targets[0]], module=fake, backend=BusyBackend({0: [1]}))
     assert fresh.status == "skipped" and not fresh.passed and "no previous verdict" in fresh.reasons[0]
     (probed,) = _run([_target("0", gpu_index=0)], module=fake, backend=BusyBackend({0: [1]}),

@@ -117,7 +117,7 @@ def test_idle_gpu_at_lower_pcie_generation_passes_with_a_note():
                                          probes=PROBE_OK))["gpu.0.healthy"].detail
     # at the threshold the GPU counts as busy
     busy = gpu_problems(h100(0, pcie_link_gen_current=4, utilization_percent=float(BUSY_UTILIZATION_PERCENT)))
-    assert len(busy) == 1 and "Gen4 of Gen5 at 10% utilization" in busy[0]
+    assert len(busy) == 1 and f"Gen4 of Gen5 at {BUSY_UTILIZATION_PERCENT}% utilization" in busy[0]
     # a narrow link fails whatever the load, and names the generation too
     narrow = gpu_problems(h100(0, pcie_link_gen_current=3, pcie_link_width_current=8, utilization_percent=0.0))
     assert len(narrow) == 1 and "Gen3 of Gen5" in narrow[0] and "x8 of x16" in narrow[0]

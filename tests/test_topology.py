@@ -75,7 +75,8 @@ def test_as_dict_shape(dgx):
     assert n0["distances"] == [10, 21] and n0["nics"] == ["ens0np0", "mlx5_1", "ens2np0", "mlx5_3"]
     g = doc["gpus"][4]
     assert g["index"] == 4 and g["pci_bus_id"] == "0000:9a:00.0" and g["numa_node"] == 1
-    assert g["pcie"] == {"gen_current": 5, "gen_max": 5, "width_current": 16, "width_max": 16, "degraded": False}
+    assert g["pcie"] == {"gen_current": 5, "gen_max": 5, "width_current": 16, "width_max": 16, "degraded": False,
+                         "gen_below_max": False}
     assert g["irq_count"] == 5 and g["local_cpus"] == "56-111,168-223" and g["numa_source"] == "firmware"
     nic = doc["nics"][0]
     assert nic["kind"] == "rdma" and nic["name"] == "ens0np0" and nic["names"] == ["ens0np0", "mlx5_0"]
@@ -197,3 +198,26 @@ def test_discovery_is_fast(dgx):
         times.append(time.perf_counter() - t0)
     # target 50 ms; the bound here leaves room for a loaded CI machine
     assert statistics.median(times) < 0.15, times
+
+
+def test_lower_generation_alone_is_not_degraded(make_host):
+    """Idle GPUs lower the link generation to save power: a note, not DEGRADED (width is what fails)."""
+    from dataclasses import replace
+
+    from agent.topology_view import render_topology
+
+    root = make_host("link-degraded")
+    topo = discover(HostFS(root), backend("link-degraded"))
+    g0 = topo.gpu(0)
+    idle = replace(g0, link_gen_current=2)
+    assert not idle.link_degraded and idle.link_gen_below_max
+    assert idle.pcie_dict()["degraded"] is False and idle.pcie_dict()["gen_below_max"] is True
+    narrow = replace(g0, link_width_current=8)
+    assert narrow.link_degraded
+    topo2 = replace(topo, gpus=(idle,) + tuple(topo.gpus[1:]))
+    from rich.console import Console
+
+    c = Console(width=200, record=True)
+    c.print(render_topology(topo2))
+    out = c.export_text()
+    assert "lower while idle" in out and out.count("DEGRADED") == 1  # only GPU 1 (gen3 x8 of gen5 x16)
