@@ -22,11 +22,13 @@ import os
 import random
 import signal
 import socket
+import sys
 import threading
 import time
 from dataclasses import dataclass, field
 from typing import Any, Callable
 
+from . import __version__
 from .app import AgentState, CollectorStatus, Snapshot, create_app
 from .errors import InputError
 from .readiness import Verdict, verdict
@@ -510,8 +512,13 @@ def serve(options: ServeOptions, *, stages: Stages | None = None,
 
     old = {s: signal.signal(s, on_signal) for s in (signal.SIGTERM, signal.SIGINT)}
     agent.start()
+    host, port = sock.getsockname()[:2]
+    shown = "localhost" if host in ("127.0.0.1", "::1") else ("<node-ip>" if host in ("0.0.0.0", "::") else host)
+    print(f"gpu-tune {__version__}: node {stages.node}, profile {getattr(stages.profile, 'name', stages.profile)}, "
+          f"mode {options.mode}; serving on {host}:{port} "
+          f"(curl http://{shown}:{port}/readiness, /metrics); Ctrl-C or SIGTERM to stop", file=sys.stderr, flush=True)
     if ready_callback is not None:
-        ready_callback(sock.getsockname()[1])
+        ready_callback(port)
     try:
         server.run(sockets=[sock])
     finally:
