@@ -136,6 +136,9 @@ class ProbeTarget:
     gpu_uuid: str | None = None
     device: str | None = None  # "gpu" | "cpu"; None: "gpu" when gpu_index is set
     notes: tuple[str, ...] = ()  # facts met while planning (e.g. NUMA node unknown)
+    # Set when the target cannot be run as planned (its NUMA node's CPUs or memory are outside
+    # this container's cpuset): the verdict is an error with this reason, no process is started.
+    blocked: str | None = None
 
 
 @dataclass(frozen=True)
@@ -385,6 +388,8 @@ def _probe_one(target: ProbeTarget, policy: ProbePolicy, baselines: Baselines, *
 
     dev = _target_device(target, device)
     notes: list[str] = list(target.notes)
+    if target.blocked:
+        return verdict("error", [target.blocked], attempts=0, notes=notes)
     if dev == "gpu" and target.gpu_index is not None and policy.skip_busy_gpus and gpu_backend is not None:
         try:
             pids = list(gpu_backend.processes(target.gpu_index))
@@ -487,21 +492,42 @@ def _topology_gpus(topology: Any) -> list[Any]:
     return sorted(gpus, key=lambda g: g.gpu_index)
 
 
-def _within_allowed(runner: Any, binding: Any) -> tuple[Any, list[str]]:
-    """Bind only to CPUs this process may use (a container's cpuset may hold part of a node)."""
+def _allowed_mems() -> frozenset[int] | None:
+    """Memory nodes this process may use (its cpuset), from its own /proc/self/status."""
+    try:
+        with open("/proc/self/status", encoding="ascii", errors="replace") as fh:
+            for line in fh:
+                if line.startswith("Mems_allowed_list:"):
+                    return parse_cpulist(line.split(":", 1)[1])
+    except (OSError, ValueError):
+        return None
+    return None
+
+
+def _within_allowed(runner: Any, binding: Any) -> tuple[Any, list[str], str | None]:
+    """Bind only to CPUs this process may use (a container's cpuset may hold part of a node).
+
+    Returns (binding, notes, blocked): ``blocked`` says why the binding cannot be used at all.
+    """
+    if binding.numa_node is not None:
+        mems = _allowed_mems()
+        if mems is not None and binding.numa_node not in mems:
+            return binding, [], (f"NUMA node {binding.numa_node} is outside this container's cpuset "
+                                 f"(memory nodes allowed: {format_cpulist(mems) or 'none'}): give the agent "
+                                 "the whole node (no CPU/memory pinning by the kubelet's CPU manager)")
     try:
         allowed = frozenset(os.sched_getaffinity(0))
     except OSError:
-        return binding, []
+        return binding, [], None
     if not binding.cpus or not allowed or binding.cpus <= allowed:
-        return binding, []
+        return binding, [], None
     usable = binding.cpus & allowed
     if not usable:
-        return binding, [f"none of the CPUs {format_cpulist(binding.cpus)} may be used here "
-                         f"(allowed: {format_cpulist(allowed)})"]
+        return binding, [], (f"none of NUMA node {binding.numa_node}'s CPUs {format_cpulist(binding.cpus)} may be "
+                             f"used here (this process may use {format_cpulist(allowed)})")
     note = (f"CPUs {format_cpulist(binding.cpus - allowed)} of NUMA node {binding.numa_node} are outside "
             f"this process' cpuset; bound to {format_cpulist(usable)}")
-    return runner.Binding(binding.numa_node, usable, binding.gpu_index, binding.gpu_uuid), [note]
+    return runner.Binding(binding.numa_node, usable, binding.gpu_index, binding.gpu_uuid), [note], None
 
 
 def plan_targets(topology: Any, profile: Any, gpu_backend: Any, *, gpu: str | None, device: str,
@@ -539,7 +565,9 @@ def plan_targets(topology: Any, profile: Any, gpu_backend: Any, *, gpu: str | No
 
     if device == "cpu" or (device == "auto" and not gpus):
         if numa_node is not None:
-            binding, _ = _within_allowed(runner, runner.binding_for(topology, numa_node=numa_node))
+            binding, _, blocked = _within_allowed(runner, runner.binding_for(topology, numa_node=numa_node))
+            if blocked:
+                raise InputError(f"--numa-node {numa_node}: {blocked}")
             prefix = runner.bind_prefix(binding)
             exp_cpus, exp_node = binding.cpus, binding.numa_node
         else:
@@ -559,7 +587,7 @@ def plan_targets(topology: Any, profile: Any, gpu_backend: Any, *, gpu: str | No
 
     targets = []
     for g in gpus:
-        binding, notes = _within_allowed(runner, runner.binding_for(topology, gpu=g.gpu_index))
+        binding, notes, blocked = _within_allowed(runner, runner.binding_for(topology, gpu=g.gpu_index))
         name, uuid = names.get(g.gpu_index, (None, None))
         wenv = runner.workload_env(binding, profile, {})
         env = dict(wenv)
@@ -571,7 +599,7 @@ def plan_targets(topology: Any, profile: Any, gpu_backend: Any, *, gpu: str | No
             prefix=list(runner.bind_prefix(binding)), env=env,
             expected_cpus=binding.cpus if bound and binding.cpus else None,
             expected_node=binding.numa_node, gpu_uuid=binding.gpu_uuid or uuid or getattr(g, "gpu_uuid", None),
-            device="gpu", notes=tuple(dict.fromkeys(notes))))
+            device="gpu", notes=tuple(dict.fromkeys(notes)), blocked=blocked))
     return targets
 
 

@@ -439,3 +439,28 @@ def test_gpu_asked_on_cpu_only_host_fails_clearly():
     assert v.status == "failed" and not v.passed
     assert "a GPU was asked for but TensorFlow sees none" in v.reasons[0]
     assert v.result["error_kind"] == "device" and v.duration_seconds < 60
+
+
+def test_gpu_on_a_node_outside_our_cpuset_is_an_error_without_a_process(runner, make_host, tmp_path):
+    """A pod pinned away from a GPU's NUMA node: say so plainly instead of numactl's usage text."""
+    from agent.gpu import select_backend
+    from agent.hostfs import HostFS
+    from agent.policy import Profile
+    from agent.topology import discover
+
+    mems = probe._allowed_mems()
+    if mems is None or 1 in mems:
+        pytest.skip("this machine may use NUMA node 1")
+    root = make_host("link-degraded")  # GPU 0 on node 0 (CPUs 0-7), GPU 1 on node 1 (CPUs 8-15)
+    fixture = tmp_path / "gpus.json"
+    fixture.write_text((Path(__file__).parent / "fixtures/gpu/link-degraded.json").read_text())
+    topo = discover(HostFS(root), select_backend("fixture", str(fixture)))
+    t0, t1 = probe.plan_targets(topo, Profile(name="t"), None, gpu="all", device="gpu")
+    assert t0.blocked is None and t1.blocked is not None
+    assert "NUMA node 1 is outside this container's cpuset" in t1.blocked
+    (v,) = probe.run_probes([t1], ProbePolicy(), probe.load_baselines(), data=None, timeout=5, device="gpu",
+                            previous=None)
+    assert v.status == "error" and not v.passed and v.attempts == 0 and v.result is None
+    assert "outside this container's cpuset" in v.reasons[0]
+    with pytest.raises(InputError, match="--numa-node 1: NUMA node 1 is outside"):
+        probe.plan_targets(topo, Profile(name="t"), None, gpu=None, device="cpu", numa_node=1)
