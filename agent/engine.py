@@ -20,7 +20,6 @@ from .hostfs import HostFS
 from .journal import Journal, locked
 from .knobs import BY_FAMILY, KNOBS, Context, Knob
 from .model import Report, Setting
-from .parse import parse_bracketed
 
 log = logging.getLogger("gpu_tune")
 
@@ -161,17 +160,6 @@ class _JournalDown(Exception):
     pass
 
 
-def _current_value(ctx: Context, entry: dict) -> str | None:
-    path = entry.get("path")
-    if not path:
-        return None
-    text = ctx.fs.read_optional(path)
-    if text is None:
-        return None
-    choice = parse_bracketed(text)
-    return choice.active if choice.active is not None else " ".join(text.split())
-
-
 def revert(ctx: Context, *, lock_timeout: float | None = None) -> tuple[bool, tuple[Setting, ...]]:
     """Restore every recorded original, newest first. Returns (all restored, rows)."""
     rows: list[Setting] = []
@@ -185,7 +173,10 @@ def revert(ctx: Context, *, lock_timeout: float | None = None) -> tuple[bool, tu
                 rows.append(Setting(sid, target, None, str(original), "error",
                                     f"no knob {entry.get('family')!r} in this version; entry kept"))
                 continue
-            current = _current_value(ctx, entry)
+            try:
+                current = knob.current_value(ctx, entry)
+            except (HostError, GpuError):
+                current = None
             try:
                 knob.restore(ctx, entry)
             except (HostError, GpuError) as exc:

@@ -192,3 +192,23 @@ def test_eight_gpu_node_table_groups_irqs_per_device(tmp_path, tmp_path_factory)
     assert "cpu0-223 (224)" in out
     assert "(118)" in out and "NIC mlx5_7" in out  # ~1,000 IRQs read as one row per device
     assert len(out.splitlines()) < 80
+
+
+def test_every_knob_round_trips_through_apply_and_revert(make_host, gpu_fixture):
+    """GPU persistence, IRQ affinity and the allocator file too: revert restores all of them."""
+    root = make_host("link-degraded")
+    gpus = gpu_fixture("link-degraded")
+    before, gpus_before = snapshot_tree(root), gpus.read_text()
+    p = run_cli("apply", "--root", str(root), "--gpu-fixture", str(gpus), "-o", "json")
+    assert p.returncode == 0, p.stdout + p.stderr
+    ids = {s["id"] for s in jdoc(p)["settings"] if s["changed"]}
+    assert {"gpu.persistence_mode", "irq.affinity", "allocator.preload", "thp.enabled", "cpu.governor"} <= ids
+    assert (root / "etc/gpu-tune/allocator.env").exists()
+    r = run_cli("revert", "--root", str(root), "--gpu-fixture", str(gpus), "-o", "json")
+    assert r.returncode == 0, r.stdout + r.stderr
+    rows = {(s["id"], s["target"]): s for s in jdoc(r)["settings"]}
+    assert rows[("gpu.persistence_mode", "0")]["current"] == "on" and rows[("gpu.persistence_mode", "0")]["desired"] == "off"
+    alloc = rows[("allocator.preload", "host")]
+    assert alloc["current"].startswith("LD_PRELOAD=") and alloc["desired"] == "absent"
+    assert snapshot_tree(root) == before
+    assert json.loads(gpus.read_text()) == json.loads(gpus_before)

@@ -116,6 +116,14 @@ class AllocatorKnob(Knob):
             return None, None, str(exc)
         return _summary(env), env, ""
 
+    def current_value(self, ctx: Context, entry: dict[str, Any]) -> str | None:
+        path = entry.get("path")
+        if not path:
+            return None
+        if entry.get("target") == "ld.so.preload":
+            return super().current_value(ctx, entry) if ctx.fs.exists(path) else "absent"
+        return self._current(ctx, path)[0]
+
     def _ld_so_preload_row(self, ctx: Context, lib: HostPath) -> Setting:
         path = LD_SO_PRELOAD
         if ctx.fs.exists(path):

@@ -92,6 +92,17 @@ class Knob:
             raise HostError(f"{row.id}[{row.target}]: no file to write")
         ctx.fs.write_text(row.path, self.value_to_write(row))
 
+    def current_value(self, ctx: Context, entry: dict[str, Any]) -> str | None:
+        """What a journalled target holds now (shown by revert next to the original)."""
+        from ..parse import parse_bracketed
+
+        path = entry.get("path")
+        text = ctx.fs.read_optional(path) if path else None
+        if text is None:
+            return None
+        choice = parse_bracketed(text)
+        return choice.active if choice.active is not None else " ".join(text.split())
+
     def restore_value(self, entry: dict[str, Any]) -> str:
         """The value to write back into a kernel file for a journal entry."""
         return str(entry["value"])

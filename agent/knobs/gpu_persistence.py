@@ -82,6 +82,14 @@ class GpuPersistenceKnob(Knob):
             raise HostError(f"gpu.persistence_mode[{row.target}]: no GPU backend")
         ctx.gpu.set_persistence_mode(int(row.target), row.desired == "on")
 
+    def current_value(self, ctx: Context, entry: dict[str, Any]) -> str | None:
+        if ctx.gpu is None:
+            return None
+        for g in ctx.gpu_infos():
+            if (entry.get("uuid") and g.uuid == entry.get("uuid")) or (not entry.get("uuid") and g.index == entry.get("index")):
+                return _word(g.persistence_mode)
+        return None
+
     def restore(self, ctx: Context, entry: dict[str, Any]) -> None:
         if ctx.gpu is None:
             raise HostError(f"gpu.persistence_mode[{entry.get('index')}]: no GPU backend")
