@@ -388,8 +388,6 @@ def _probe_one(target: ProbeTarget, policy: ProbePolicy, baselines: Baselines, *
 
     dev = _target_device(target, device)
     notes: list[str] = list(target.notes)
-    if target.blocked:
-        return verdict("error", [target.blocked], attempts=0, notes=notes)
     if dev == "gpu" and target.gpu_index is not None and policy.skip_busy_gpus and gpu_backend is not None:
         try:
             pids = list(gpu_backend.processes(target.gpu_index))
@@ -410,6 +408,8 @@ def _probe_one(target: ProbeTarget, policy: ProbePolicy, baselines: Baselines, *
                                notes=notes + [n for n in carried if n not in notes], stands_for=dict(real))
             return verdict("skipped", [f"{busy}: not probed, and there is no previous verdict"],
                            attempts=0, notes=notes, passed=False)
+    if target.blocked:
+        return verdict("error", [target.blocked], attempts=0, notes=notes)
 
     cmd = list(target.prefix) + [
         sys.executable, "-m", module, "--device", dev,
