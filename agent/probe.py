@@ -57,6 +57,9 @@ class Baseline(BaseModel):
     train_images_per_second: float = Field(gt=0)
     batch_size: int | None = Field(None, ge=1)
     source: str = ""
+    # False for a target that no healthy node has measured yet: reported against, never failed
+    # on (an unmeasured number must not take a fleet's nodes out of service).
+    measured: bool = True
 
     @field_validator("pci_device_ids")
     @classmethod
@@ -293,6 +296,11 @@ def judge(result: Mapping[str, Any], target: ProbeTarget, device: str, policy: P
         model = "cpu"
     if base is None:
         notes.append(f"no throughput baseline for {model!r}: measured and reported, not judged")
+    elif not base.measured:
+        if isinstance(ips, (int, float)):
+            notes.append(f"train throughput {ips:.0f} images/s is {ips / base.train_images_per_second:.1%} of the "
+                         f"{base.train_images_per_second:g} images/s target for {model!r} (a target, not a "
+                         "measured baseline: reported, not judged)")
     elif not isinstance(ips, (int, float)):
         reasons.append("no training throughput in the result")
     else:
