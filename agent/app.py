@@ -188,6 +188,10 @@ def create_app(state: AgentState) -> FastAPI:
         version=__version__,
         description="Read-only view of the node's tuning, topology, probe results and readiness.",
         redirect_slashes=False,
+        # The schema is served at /openapi.json; no interactive pages (they load scripts from a
+        # CDN, and this is a privileged node agent).
+        docs_url=None,
+        redoc_url=None,
     )
 
     @app.exception_handler(StarletteHTTPException)
@@ -253,5 +257,11 @@ def create_app(state: AgentState) -> FastAPI:
         body = snap.metrics_body if snap is not None else state._empty_metrics
         return Response(body, media_type=PROM_CONTENT_TYPE)
 
+    # HEAD on every GET endpoint (uptime checkers, load balancers), kept out of the schema.
+    from fastapi.routing import APIRoute
+
+    for route in [r for r in app.routes if isinstance(r, APIRoute) and "GET" in r.methods]:
+        app.add_api_route(route.path, route.endpoint, methods=["HEAD"], include_in_schema=False,
+                          response_model=None)
     return app
 

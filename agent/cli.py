@@ -5,12 +5,12 @@ unexpected runtime error (traceback only with -v). Heavy modules are imported in
 commands that need them, so ``gpu-tune audit`` starts fast.
 """
 
-from __future__ import annotations
 
 import functools
 import inspect
 import json
 import logging
+import os
 import sys
 from dataclasses import dataclass
 from enum import Enum
@@ -332,6 +332,8 @@ def probe_cmd(
 
     if gpu is not None and gpu != "all" and not gpu.isdigit():
         raise InputError(f"--gpu {gpu!r}: expected a GPU index or 'all'")
+    if data is not None and not os.path.exists(data):
+        raise InputError(f"--data {data}: no such file or folder")
     prof = _profile(g, profile)
     fs = _fs(g)
     backend = _gpu(g)

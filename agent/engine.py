@@ -17,7 +17,7 @@ from typing import Collection, Iterable, Sequence
 from .errors import GpuTuneError, HostError, UnsupportedWrite
 from .gpu.base import GpuError
 from .hostfs import HostFS
-from .journal import Journal, locked
+from .journal import JOURNAL, Journal, locked
 from .knobs import BY_FAMILY, KNOBS, Context, Knob
 from .model import Report, Setting
 
@@ -56,7 +56,7 @@ def audit(ctx: Context, knobs: Sequence[Knob] = KNOBS) -> Report:
             rows.extend(knob.read(ctx))
         except (GpuTuneError, GpuError, OSError, ValueError) as exc:
             # one family failing to read is a row, not a failed audit
-            rows.append(Setting(f"{knob.family}", "-", None, "", "error", f"cannot read: {exc}"))
+            rows.append(Setting(knob.error_id or knob.family, "-", None, "", "error", f"cannot read: {exc}"))
     return Report(ctx.profile.name, tuple(rows))
 
 
@@ -163,6 +163,8 @@ class _JournalDown(Exception):
 def revert(ctx: Context, *, lock_timeout: float | None = None) -> tuple[bool, tuple[Setting, ...]]:
     """Restore every recorded original, newest first. Returns (all restored, rows)."""
     rows: list[Setting] = []
+    if not ctx.fs.exists(JOURNAL):
+        return True, ()  # nothing recorded: nothing to restore (and nothing to lock)
     with locked(ctx.fs, timeout=LOCK_TIMEOUT if lock_timeout is None else lock_timeout):
         journal = Journal(ctx.fs).load()
         for entry in journal.newest_first():

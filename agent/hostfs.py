@@ -62,6 +62,11 @@ class HostFS:
             raise InputError(f"--root {root}: no such directory")
         if not path.is_dir():
             raise InputError(f"--root {root}: not a directory")
+        missing = [d for d in ("proc", "sys") if not (path / d).is_dir()]
+        if missing:
+            # An unmounted /host or a mistyped --root must not read as a compliant host.
+            raise InputError(f"--root {root}: no {' or '.join(d + '/' for d in missing)} under it: "
+                             "not a host root (mount the host's /proc and /sys there)")
         self.root = path.resolve()
 
     # -- paths -----------------------------------------------------------------------------
@@ -191,6 +196,16 @@ class HostFS:
             pass
         except OSError as exc:
             raise HostError(f"{host_path}: {_reason(exc)}", exc.errno) from None
+
+    def rmdir_if_empty(self, host_path: str) -> bool:
+        """Remove an empty folder (one the tool created); leave it when anything is in it."""
+        try:
+            self.path(host_path).rmdir()
+            return True
+        except FileNotFoundError:
+            return True
+        except OSError:
+            return False
 
     # -- what kind of file -----------------------------------------------------------------
     @cached_property

@@ -54,6 +54,9 @@ class Journal:
             entries = doc["entries"]
             if not isinstance(entries, list):
                 raise ValueError("entries is not a list")
+            for n, e in enumerate(entries):
+                if not isinstance(e, dict) or not all(isinstance(e.get(k), str) for k in ("id", "target", "family")):
+                    raise ValueError(f"entry {n} lacks id/target/family")
         except (ValueError, KeyError, TypeError) as exc:
             raise HostError(f"{JOURNAL}: unreadable journal ({exc}); originals kept in it are not lost: "
                             "fix or move the file by hand") from None
@@ -92,7 +95,7 @@ def locked(fs: HostFS, timeout: float = 30.0) -> Iterator[None]:
         path.parent.mkdir(parents=True, exist_ok=True)
         fd = os.open(path, os.O_RDWR | os.O_CREAT, 0o600)
     except OSError as exc:
-        raise HostError(f"{STATE_DIR}: cannot record originals: {exc.strerror}") from None
+        raise HostError(f"{STATE_DIR}: cannot take the apply/revert lock: {exc.strerror}", exc.errno) from None
     try:
         deadline = time.monotonic() + timeout
         while True:

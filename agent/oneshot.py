@@ -38,8 +38,9 @@ def label_once(g: Any, *, profile: str, node: str | None, kubeconfig: str | None
     if probes is None:
         errors["probe"] = "no probe result yet: run `gpu-tune probe` (or the agent) first"
     v = verdict(profile=prof, audit=report, gpus=gpus, topology=topo_doc, probes=probes or [], errors=errors)
+    topo_for_labels = {**(topo_doc or {}), "cuda_driver_version": backend.cuda_driver_version()}
     want = desired_node_state(profile=prof.name, ready=v.ready, reason=v.reason(), message=v.message(),
-                              topology=topo_doc or {}, gpus=gpus, driver_version=backend.driver_version(),
+                              topology=topo_for_labels, gpus=gpus, driver_version=backend.driver_version(),
                               taint_when_not_ready=prof.readiness.taint)
     name = node_name(node)
     publisher = make_publisher(name, kubeconfig, False)
@@ -64,4 +65,7 @@ def label_once(g: Any, *, profile: str, node: str | None, kubeconfig: str | None
         for line in result.changed or ["nothing"]:
             c.print(f"  {verb}: {line}")
         c.print(f"  writes: {result.writes}; {result.detail}" if result.detail else f"  writes: {result.writes}")
+    if not getattr(publisher, "enabled", True) and not dry_run:
+        print(f"gpu-tune: error: nothing published: {publisher.describe()}", file=sys.stderr)
+        return 1
     return 0 if result.ok else 1

@@ -284,8 +284,12 @@ def list_profile_names(policy_dir: str | os.PathLike[str] | None = None) -> list
     return sorted(
         p.stem for p in pdir.glob("*.yaml")
         if not p.name.startswith("_") and p.stem not in NOT_PROFILES and NAME_RE.match(p.stem)
+        and p.is_file()  # a directory or a dangling/looping link is not a profile
     )
 
 
 def load_all(policy_dir: str | os.PathLike[str] | None = None) -> list[Profile]:
+    pdir = Path(policy_dir) if policy_dir else default_policy_dir()
+    if not pdir.is_dir():
+        raise InputError(f"--policy-dir {pdir}: no such directory")
     return [load_profile(n, policy_dir) for n in list_profile_names(policy_dir)]

@@ -188,8 +188,10 @@ def default_stages(options: ServeOptions) -> Stages:
         return verdicts
 
     def publish(v: Verdict, topology_doc, gpu_docs, driver_version):
+        topo = dict(topology_doc or {})
+        topo.setdefault("cuda_driver_version", backend.cuda_driver_version())
         want = desired_node_state(profile=profile.name, ready=v.ready, reason=v.reason(),
-                                  message=v.message(), topology=topology_doc, gpus=gpu_docs,
+                                  message=v.message(), topology=topo, gpus=gpu_docs,
                                   driver_version=driver_version,
                                   taint_when_not_ready=profile.readiness.taint)
         return publisher.publish(want)

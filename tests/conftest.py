@@ -63,11 +63,20 @@ def cli():
 
 
 def snapshot_tree(root: Path) -> dict[str, bytes]:
-    """Every regular file's bytes under root (to prove byte-for-byte restores)."""
+    """Every regular file's bytes and every folder under root (to prove byte-for-byte restores).
+
+    The tool's own state folder (/var/lib/gpu-tune and the folders leading to it) is left out.
+    """
     out = {}
+    state = ("var", "var/lib", "var/lib/gpu-tune")
     for p in sorted(root.rglob("*")):
-        if p.is_file() and not p.is_symlink() and "var/lib/gpu-tune" not in str(p):
-            out[str(p.relative_to(root))] = p.read_bytes()
+        rel = str(p.relative_to(root))
+        if rel in state or rel.startswith("var/lib/gpu-tune/") or p.is_symlink():
+            continue
+        if p.is_file():
+            out[rel] = p.read_bytes()
+        elif p.is_dir():
+            out[rel + "/"] = b"<dir>"
     return out
 
 

@@ -143,3 +143,18 @@ def test_bodies_are_json(served):
         r = client.get(path)
         assert r.headers["content-type"] == "application/json"
         json.loads(r.content)
+
+
+@pytest.mark.parametrize("path", ["/readiness", "/healthz", "/audit", "/topology", "/probe", "/metrics"])
+def test_head_answers_like_get_without_a_body(served, path):
+    state, client, _ = served
+    state.publish(snapshot())
+    g, h = client.get(path), client.head(path)
+    assert h.status_code == g.status_code and h.content == b""
+    assert h.headers["content-type"] == g.headers["content-type"]
+
+
+@pytest.mark.parametrize("path", ["/docs", "/redoc"])
+def test_no_interactive_pages(served, path):
+    _, client, _ = served
+    assert client.get(path).status_code == 404

@@ -212,3 +212,77 @@ def test_every_knob_round_trips_through_apply_and_revert(make_host, gpu_fixture)
     assert alloc["current"].startswith("LD_PRELOAD=") and alloc["desired"] == "absent"
     assert snapshot_tree(root) == before
     assert json.loads(gpus.read_text()) == json.loads(gpus_before)
+
+
+def test_command_options_keep_their_env_vars_and_limits(make_host):
+    root = make_host("small-2cpu")
+    p = run_cli("audit", "--root", str(root), *BASE, "-o", "json", env={"GPU_TUNE_PROFILE": "inference"})
+    assert jdoc(p)["profile"] == "inference"
+    p = run_cli("audit", "--root", str(root), *BASE, env={"GPU_TUNE_PROFILE": "bogus"})
+    assert p.returncode == 2 and "unknown profile 'bogus'" in _one_clean_line(p)
+    for args in (("serve", "--port", "0"), ("serve", "--interval", "0.01"), ("probe", "--timeout", "0")):
+        p = run_cli(*args, "--root", str(root), *BASE)
+        assert p.returncode == 2, (args, p.stderr)
+        _one_clean_line(p)
+    p = run_cli("probe", "--device", "CPU", "--data", "/nonexistent", "--root", str(root), *BASE)
+    assert p.returncode == 2 and "--data /nonexistent: no such file" in _one_clean_line(p)
+    assert not (root / "var/lib/gpu-tune").exists()
+
+
+def test_a_root_that_is_not_a_host_is_bad_input(tmp_path):
+    empty = tmp_path / "empty"
+    empty.mkdir()
+    for cmd in ("audit", "apply", "topology"):
+        p = run_cli(cmd, "--root", str(empty), *BASE)
+        assert p.returncode == 2 and "not a host root" in _one_clean_line(p)
+    afile = tmp_path / "f"
+    afile.write_text("x")
+    p = run_cli("audit", "--root", str(afile), *BASE)
+    assert p.returncode == 2 and "not a directory" in _one_clean_line(p)
+    assert list(empty.iterdir()) == []
+
+
+def test_bad_journal_entries_are_reported_not_crashes(make_host):
+    root = make_host("small-2cpu")
+    j = root / "var/lib/gpu-tune/journal.json"
+    j.parent.mkdir(parents=True)
+    for bad in ('{"entries": [{"foo": 1}]}', '{"entries": [1, 2]}'):
+        j.write_text(bad)
+        p = run_cli("revert", "--root", str(root), *BASE)
+        assert p.returncode == 3 and "unreadable journal" in _one_clean_line(p)
+        a = run_cli("apply", "--root", str(root), *BASE, "-o", "json")
+        assert a.returncode == 1 and "Traceback" not in a.stderr
+        assert any("unreadable journal" in s["detail"] for s in jdoc(a)["settings"])
+        assert j.read_text() == bad and (root / "proc/sys/vm/swappiness").read_text() == "60\n"
+
+
+def test_revert_with_nothing_recorded_writes_nothing(make_host):
+    root = make_host("small-2cpu")
+    p = run_cli("revert", "--root", str(root), *BASE)
+    assert p.returncode == 0 and "nothing to revert" in p.stdout
+    assert not (root / "var").exists()
+
+
+def test_policy_dir_oddities(tmp_path):
+    pd = tmp_path / "pd"
+    pd.mkdir()
+    (pd / "ok.yaml").write_text("name: ok\nsummary: fine\n")
+    (pd / "a.yaml").symlink_to(pd / "b.yaml")
+    (pd / "b.yaml").symlink_to(pd / "a.yaml")
+    (pd / "dir.yaml").mkdir()
+    p = run_cli("profiles", "--policy-dir", str(pd), "-o", "json")
+    assert p.returncode == 0 and [x["name"] for x in jdoc(p)["profiles"]] == ["ok"]
+    p = run_cli("profiles", "--policy-dir", str(tmp_path / "nope"))
+    assert p.returncode == 2 and "no such directory" in _one_clean_line(p)
+
+
+def test_label_without_a_cluster_says_nothing_was_published(make_host, gpu_fixture):
+    root = make_host("link-degraded")
+    gpus = gpu_fixture("link-degraded")
+    d = run_cli("label", "--root", str(root), "--gpu-fixture", str(gpus), "--node", "n1", "--dry-run", "-o", "json",
+                env={"KUBECONFIG": ""})
+    assert d.returncode == 0
+    labels = jdoc(d)["want"]["labels"]
+    assert labels["gpu-tune.io/cuda-driver"] == "12.8" and labels["gpu-tune.io/gpu-driver"] == "570.124.06"
+    p = run_cli("label", "--root", str(root), "--gpu-fixture", str(gpus), "--node", "n1", env={"KUBECONFIG": ""})
+    assert p.returncode == 1 and "nothing published" in _one_clean_line(p)

@@ -325,3 +325,25 @@ def test_nvml_xids_persistence_processes_affinity(nvml):
     assert b.processes(0) == [1234] and b.processes(2) == []
     assert b.cpu_affinity(0) == frozenset(range(56))
     assert b.cpu_affinity(1) is None  # lost
+
+
+@pytest.mark.parametrize("key,value,needle", [
+    ("clock_throttle_reasons", 5, "expected a list of strings"),
+    ("xid_events", ["abc"], "expected a list of integers"),
+    ("temperature_c", "hot", "expected integer/number"),
+    ("persistence_mode", 1, "expected bool"),
+    ("pci_bus_id", "zz", "is not a PCI bus id"),
+])
+def test_fixture_value_types_are_checked_when_loading(tmp_path, key, value, needle):
+    import json as _json
+
+    from agent.errors import InputError
+    from agent.gpu.fixture import FixtureBackend
+
+    doc = {"gpus": [{"index": 0, "uuid": "GPU-0", "name": "NVIDIA H100 80GB HBM3", "pci_bus_id": "0000:18:00.0"}]}
+    doc["gpus"][0][key] = value
+    f = tmp_path / "g.json"
+    f.write_text(_json.dumps(doc))
+    with pytest.raises(InputError) as ei:
+        FixtureBackend(f)
+    assert f"gpus[0].{key}" in str(ei.value) and needle in str(ei.value) and str(f) in str(ei.value)

@@ -12,6 +12,7 @@ Persistence mode set through this backend is written back into the same file cra
 from __future__ import annotations
 
 import json
+import re
 import os
 from dataclasses import fields
 from pathlib import Path
@@ -23,6 +24,40 @@ from .base import GpuError, GpuInfo
 
 REQUIRED = ("index", "uuid", "name", "pci_bus_id")
 _FIELDS = {f.name for f in fields(GpuInfo)} - {"extra", "error", "error_kind"}
+
+# Optional per-GPU keys and the JSON types they must have (checked when the file loads, so a
+# wrong type is bad input naming the key, not a failure later in every pass).
+_INT = (int,)
+_NUM = (int, float)
+_TYPES: dict[str, tuple[type, ...]] = {
+    "memory_total_mib": _INT, "memory_used_mib": _INT, "compute_capability": (str,),
+    "persistence_mode": (bool,), "ecc_mode": (bool,), "retired_pages_pending": (bool,), "lost": (bool,),
+    "pcie_link_gen_current": _INT, "pcie_link_gen_max": _INT, "pcie_link_width_current": _INT,
+    "pcie_link_width_max": _INT, "ecc_uncorrected_volatile": _INT, "temperature_c": _NUM,
+    "power_w": _NUM, "utilization_percent": _NUM,
+}
+_BUS_ID = re.compile(r"^([0-9a-fA-F]{4,8}:)?[0-9a-fA-F]{2}:[0-9a-fA-F]{2}\.[0-7]$")
+
+
+def _check_types(p: Path, i: int, g: dict[str, Any]) -> None:
+    for key, types in _TYPES.items():
+        v = g.get(key)
+        if v is None:
+            continue
+        ok = isinstance(v, types) and (bool in types or not isinstance(v, bool))
+        if not ok:
+            want = "/".join("integer" if t is int else "number" if t is float else t.__name__ for t in types)
+            raise InputError(f"{p}: gpus[{i}].{key}: expected {want}, got {v!r}")
+    for key, item in (("clock_throttle_reasons", str), ("xid_events", int), ("processes", int)):
+        v = g.get(key)
+        if v is None:
+            continue
+        if not isinstance(v, list) or not all(isinstance(x, item) and not isinstance(x, bool) for x in v):
+            kind = "strings" if item is str else "integers"
+            raise InputError(f"{p}: gpus[{i}].{key}: expected a list of {kind}, got {v!r}")
+    if not _BUS_ID.match(g["pci_bus_id"]):
+        raise InputError(f"{p}: gpus[{i}].pci_bus_id: {g['pci_bus_id']!r} is not a PCI bus id "
+                         "(expected e.g. 0000:18:00.0)")
 
 
 def _normalize_bus_id(bus_id: str) -> str:
@@ -74,6 +109,7 @@ class FixtureBackend:
             for key in ("uuid", "name", "pci_bus_id"):
                 if not isinstance(g[key], str) or not g[key]:
                     raise InputError(f"{p}: gpus[{i}].{key}: expected a non-empty string")
+            _check_types(p, i, g)
             aff = g.get("cpu_affinity")
             if aff is not None:
                 try:

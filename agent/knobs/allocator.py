@@ -78,6 +78,7 @@ def env_content(lib: HostPath, malloc_conf: str) -> tuple[dict[str, str], bytes]
 
 class AllocatorKnob(Knob):
     family = "allocator"
+    error_id = "allocator.preload"
     files = tuple(f"{d}/{JEMALLOC_SONAME}" for d in HOST_LIB_DIRS) + ("/etc/gpu-tune/allocator.env", LD_SO_PRELOAD)
 
     def wanted(self, profile) -> bool:
@@ -148,7 +149,12 @@ class AllocatorKnob(Knob):
         if row.path is None:
             raise HostError(f"{row.id}[{row.target}]: nothing to record")
         if not ctx.fs.exists(row.path):
-            return {"path": row.path, "value": "absent", "raw": None, "absent": True}
+            # folders apply will create (e.g. /etc/gpu-tune), so revert removes them again
+            made, parent = [], row.path.rsplit("/", 1)[0]
+            while parent and parent != "/" and not ctx.fs.exists(parent):
+                made.append(parent)
+                parent = parent.rsplit("/", 1)[0]
+            return {"path": row.path, "value": "absent", "raw": None, "absent": True, "created_dirs": made}
         raw = ctx.fs.read_bytes(row.path)
         return {"path": row.path, "value": row.current, "raw": encode_raw(raw), "absent": False}
 
@@ -162,6 +168,8 @@ class AllocatorKnob(Knob):
         path = entry["path"]
         if entry.get("absent"):
             ctx.fs.remove(path)
+            for d in entry.get("created_dirs") or []:  # deepest first
+                ctx.fs.rmdir_if_empty(d)
             return
         raw = decode_raw(entry.get("raw"))
         if raw is None:

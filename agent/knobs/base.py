@@ -68,6 +68,8 @@ class Knob:
     family: ClassVar[str] = ""
     # The kernel files (patterns) this knob reads or writes, for documentation and review.
     files: ClassVar[tuple[str, ...]] = ()
+    # The setting id of the row reported when the whole family cannot be read.
+    error_id: ClassVar[str] = ""
 
     def wanted(self, profile: "Profile") -> bool:
         """Does the profile ask for anything from this knob?"""

@@ -23,6 +23,7 @@ def _norm(text: str) -> str:
 
 class SysctlKnob(Knob):
     family = "sysctl"
+    error_id = "sysctl"
     files = ("/proc/sys/**",)
 
     def wanted(self, profile) -> bool:
