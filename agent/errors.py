@@ -41,3 +41,12 @@ class LockBusy(GpuTuneError):
 class UnsupportedWrite(HostError):
     """The kernel refused a write that it never accepts for this target (e.g. EIO on a
     kernel-managed IRQ): the row is ``unsupported``, not a failure of the run."""
+
+
+class CommandNotRunnable(GpuTuneError):
+    """``gpu-tune run``: the command cannot be started. Exit codes follow env(1) and the shells:
+    127 when it is not found, 126 when it is found but cannot be executed."""
+
+    def __init__(self, message: str, exit_code: int) -> None:
+        super().__init__(message)
+        self.exit_code = exit_code

@@ -19,7 +19,7 @@ import sys
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Mapping, NewType, NoReturn
 
-from .errors import InputError
+from .errors import CommandNotRunnable, InputError
 from .parse import format_cpulist
 
 if TYPE_CHECKING:  # pragma: no cover
@@ -136,6 +136,21 @@ def workload_env(binding: Binding, profile: "Profile", base_env: Mapping[str, st
     return env
 
 
+def _check_runnable(cmd: str, path: str) -> None:
+    """Fail before binding with the exit code env(1) uses (127 not found, 126 not executable),
+    instead of numactl's or the binder's own error for the command."""
+    import shutil
+
+    if "/" in cmd:
+        if not os.path.exists(cmd):
+            raise CommandNotRunnable(f"gpu-tune run: {cmd}: no such file", 127)
+        if os.path.isdir(cmd) or not os.access(cmd, os.X_OK):
+            raise CommandNotRunnable(f"gpu-tune run: {cmd}: not executable", 126)
+        return
+    if shutil.which(cmd, path=path) is None:
+        raise CommandNotRunnable(f"gpu-tune run: {cmd}: command not found", 127)
+
+
 def exec_run(binding: Binding, profile: "Profile", argv: list[str]) -> NoReturn:
     """Replace this process with ``argv`` bound as ``binding`` says. Returns only by raising."""
     if not argv:
@@ -155,6 +170,7 @@ def exec_run(binding: Binding, profile: "Profile", argv: list[str]) -> NoReturn:
     env = workload_env(binding, profile, os.environ)
     for w in env.warnings:
         log.warning("%s", w)
+    _check_runnable(argv[0], env.get("PATH", os.defpath))
     full = bind_prefix(binding) + list(argv)
     log.info("run: %s: %s", binding.describe(), " ".join(full))
     sys.stdout.flush()
@@ -162,6 +178,6 @@ def exec_run(binding: Binding, profile: "Profile", argv: list[str]) -> NoReturn:
     try:
         os.execvpe(full[0], full, dict(env))
     except FileNotFoundError:
-        raise InputError(f"gpu-tune run: {full[0]}: command not found") from None
+        raise CommandNotRunnable(f"gpu-tune run: {full[0]}: command not found", 127) from None
     except OSError as exc:
-        raise InputError(f"gpu-tune run: {full[0]}: {exc.strerror or exc}") from None
+        raise CommandNotRunnable(f"gpu-tune run: {full[0]}: {exc.strerror or exc}", 126) from None

@@ -178,3 +178,15 @@ def test_exec_run_rejects_empty_and_foreign_cpus():
         runner.exec_run(Binding(0, frozenset({0}), None, None), p, [])
     with pytest.raises(InputError, match="may be used by this process"):
         runner.exec_run(Binding(0, frozenset({100000}), None, None), p, ["true"])
+
+
+def test_run_exit_codes_follow_env_for_a_missing_command(make_host, cli):
+    root = make_host("small-2cpu")
+    for args in (["--", "no-such-command-xyz"], ["--numa-node", "0", "--", "no-such-command-xyz"]):
+        p = cli("run", "--root", str(root), *args)
+        assert p.returncode == 127, (args, p.stderr)
+        assert "no-such-command-xyz: command not found" in p.stderr and "Traceback" not in p.stderr
+    p = cli("run", "--root", str(root), "--numa-node", "0", "--", str(root))  # a directory
+    assert p.returncode == 126 and "not executable" in p.stderr
+    p = cli("run", "--root", str(root), "--numa-node", "0", "--", "sh", "-c", "exit 7")
+    assert p.returncode == 7  # CMD's own exit code
