@@ -263,3 +263,19 @@ def test_wanted_follows_profile():
     assert not AllocatorKnob().wanted(off)
     train = load_profile("training")
     assert GpuPersistenceKnob().wanted(train) and IrqAffinityKnob().wanted(train) and AllocatorKnob().wanted(train)
+
+
+def test_irq_rows_are_errors_when_the_node_cpulist_is_unreadable(make_host, gpu_fixture):
+    from agent.gpu import select_backend
+    from agent.hostfs import HostFS
+    from agent.knobs.base import Context
+    from agent.knobs.irq_affinity import IrqAffinityKnob
+    from agent.policy import Profile
+
+    root = make_host("link-degraded")
+    (root / "sys/devices/system/node/node0/cpulist").write_text("garbage-x\n")
+    b = select_backend("fixture", str(gpu_fixture("link-degraded")))
+    prof = Profile(name="t", irq={"affinity": "numa-local"})
+    rows = IrqAffinityKnob().read(Context(fs=HostFS(root), profile=prof, gpu=b))
+    node0 = [r for r in rows if "node 0" in r.detail or "NUMA node 0" in r.detail]
+    assert node0 and all(r.status == "error" and "node0/cpulist" in r.detail for r in node0)

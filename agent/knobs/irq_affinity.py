@@ -106,6 +106,10 @@ class IrqAffinityKnob(Knob):
             return Setting("irq.affinity", target, None, "-", "unsupported",
                            f"{who}: NUMA node unknown (numa_node -1, local_cpulist not within one node)")
         node_cpus = topo.node_cpus(dev.numa_node)
+        if not node_cpus:
+            return Setting("irq.affinity", target, None, "-", "error",
+                           f"{who}: the CPUs of NUMA node {dev.numa_node} are unknown (unreadable "
+                           f"/sys/devices/system/node/node{dev.numa_node}/cpulist)")
         want = node_cpus - exclude
         desired = format_cpulist(want)
         if not want:
