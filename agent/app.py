@@ -226,21 +226,23 @@ def create_app(state: AgentState) -> FastAPI:
         return Response(_dumps({"alive": alive, "detail": detail}), status_code=200 if alive else 500,
                         media_type=JSON_CONTENT_TYPE)
 
+    def _document(attr: str, what: str) -> Response:
+        """A pre-rendered document of the latest snapshot, or 503 before the first pass."""
+        snap = state.snapshot
+        body = getattr(snap, attr, None) if snap is not None else None
+        if not body:
+            return _missing(what)
+        return Response(body, media_type=JSON_CONTENT_TYPE)
+
     @app.get("/audit", response_model=None, summary="The latest audit document",
              responses={200: {"model": AuditModel}, 503: {"model": ErrorModel}})
     async def audit() -> Response:
-        snap = state.snapshot
-        if snap is None or not snap.audit_body:
-            return _missing("audit")
-        return Response(snap.audit_body, media_type=JSON_CONTENT_TYPE)
+        return _document("audit_body", "audit")
 
     @app.get("/topology", response_model=None, summary="The latest topology document",
              responses={200: {"description": "topology document"}, 503: {"model": ErrorModel}})
     async def topology() -> Response:
-        snap = state.snapshot
-        if snap is None or not snap.topology_body:
-            return _missing("topology")
-        return Response(snap.topology_body, media_type=JSON_CONTENT_TYPE)
+        return _document("topology_body", "topology")
 
     @app.get("/probe", response_model=None, summary="The latest probe results, one entry per GPU or the CPU run",
              responses={200: {"description": "list of probe verdicts"}, 503: {"model": ErrorModel}})
