@@ -114,8 +114,9 @@ class AllocatorPolicy(_Strict):
 
 
 class ProbePolicy(_Strict):
+    # Test accuracy after the fixed amount of work below (never after a time box).
     accuracy_min: float = Field(0.9, ge=0.0, le=1.0)
-    # Train throughput must reach this fraction of the GPU model's baseline.
+    # Each throughput regime must reach this fraction of the GPU model's measured baseline.
     throughput_fraction: float = Field(0.5, gt=0.0, le=1.0)
     retries: int = Field(2, ge=0, le=5)
     timeout_s: float = Field(300.0, gt=0, le=3600)
@@ -123,8 +124,24 @@ class ProbePolicy(_Strict):
     require_jemalloc: bool = False
     require_numa_binding: bool = True
     skip_busy_gpus: bool = True
-    train_seconds: float = Field(3.0, gt=0, le=600)
+    # The correctness run: this many float32 steps of this batch in a seeded order (fixed work).
+    train_steps: int = Field(100, ge=1, le=100_000)
+    train_batch_size: int = Field(128, ge=1, le=65536)
+    seed: int = Field(0, ge=0, le=2**31 - 1)
+    # The throughput windows: launch-bound at batch_size, device-bound at device_batch_size
+    # (None: 4096 on a GPU, 1024 on a CPU), each timed for window_seconds (None: 2 s GPU, 1 s CPU).
     batch_size: int = Field(256, ge=1, le=65536)
+    device_batch_size: int | None = Field(None, ge=1, le=262144)
+    window_seconds: float | None = Field(None, gt=0, le=600)
+
+    @model_validator(mode="before")
+    @classmethod
+    def _replaced(cls, data: Any) -> Any:
+        if isinstance(data, dict) and "train_seconds" in data:
+            raise ValueError("train_seconds was replaced: the probe now trains a fixed amount of work "
+                             "(train_steps, train_batch_size) and times throughput in its own windows "
+                             "(window_seconds)")
+        return data
 
 
 class ReadinessPolicy(_Strict):

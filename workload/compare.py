@@ -1,13 +1,22 @@
-"""Side-by-side training throughput: the probe's loop vs ``model.fit`` with a per-batch callback.
+"""Side-by-side training throughput: the probe's launch-bound loop against the field notes' code.
 
 ``python -m workload.compare [--device cpu|gpu|auto] [--repeats N] [--seconds S] [--batch-size N]``
-prints one JSON document: images/s per repeat for each approach (same model, data, machine),
-run alternately so drift in machine load hits both alike.
+prints one JSON document. Per repeat, alternating the order so drift in machine load hits each
+alike, at the same batch size on the same data:
+
+- ``probe``: the probe's launch-bound window as the probe runs it (its precision and XLA choice);
+- ``probe_float32``: the same loop in float32 (what a CPU without bfloat16 instructions runs);
+- ``keras_fit``: the field notes' code as they wrote it: a Keras ``Sequential`` CNN, ``compile()``
+  with its defaults (``jit_compile="auto"``), ``fit`` on NumPy arrays with a per-batch callback.
+
+Once, after the repeats: the probe's loop with XLA switched the other way (``xla_flipped``), the
+measurement behind the probe's XLA choice for this device.
 """
 
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import json
 import os
 import statistics
@@ -24,6 +33,7 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--seconds", type=float, default=3.0)
     p.add_argument("--batch-size", type=int, default=256)
     p.add_argument("--seed", type=int, default=0)
+    p.add_argument("--no-xla-flip", action="store_true", help="skip the XLA-flipped measurement")
     a = p.parse_args(argv)
 
     from . import data as mnist_data
@@ -31,32 +41,39 @@ def main(argv: list[str] | None = None) -> int:
 
     ds = mnist_data.load(a.data, seed=a.seed)
     plan = tr.setup_device(a.device)
-    fast, fast32, fit = [], [], []
+    data = tr.DeviceData.put(plan, ds.x_train, ds.y_train, ds.x_test, ds.y_test)
+    f32 = dataclasses.replace(plan, precision="float32")
+    runs: dict[str, list[float]] = {"probe": [], "probe_float32": [], "keras_fit": []}
+    keras_jit = None
+
+    def window(pl) -> float:
+        return tr.throughput_window(pl, data, batch_size=a.batch_size, seconds=a.seconds, seed=a.seed,
+                                    lr=1e-3)["images_per_second"]
+
     for r in range(a.repeats):
-        order = ("fast", "fast32", "fit") if r % 2 == 0 else ("fit", "fast32", "fast")
+        order = ("probe", "probe_float32", "keras_fit") if r % 2 == 0 else ("keras_fit", "probe_float32", "probe")
         for which in order:
-            if which == "fast":  # the probe's settings
-                tr.keras.mixed_precision.set_global_policy(plan["precision"])
-                res = tr.fast_train(ds.x_train, ds.y_train, a.batch_size, a.seconds, a.seed + r,
-                                    xla=plan["xla"], mixed=plan["mixed_precision"])
-                fast.append(res["images_per_second"])
-            elif which == "fast32":  # the probe's loop in float32: the pipeline's share alone
-                tr.keras.mixed_precision.set_global_policy("float32")
-                res = tr.fast_train(ds.x_train, ds.y_train, a.batch_size, a.seconds, a.seed + r,
-                                    xla=plan["xla"], mixed=False)
-                fast32.append(res["images_per_second"])
+            if which == "probe":
+                ips = window(plan)
+            elif which == "probe_float32":
+                ips = window(f32)
             else:
-                tr.keras.mixed_precision.set_global_policy("float32")
-                res = tr.fit_with_callback(ds.x_train, ds.y_train, a.batch_size, a.seconds, a.seed + r)
-                fit.append(res["images_per_second"])
-            print(f"repeat {r + 1} {which}: {res['images_per_second']:.0f} images/s", file=sys.stderr)
-    out = {"device": plan["name"], "kind": plan["kind"], "batch_size": a.batch_size, "seconds": a.seconds,
-           "data": ds.summary(), "probe_loop_images_per_second": fast, "fit_callback_images_per_second": fit,
-           "probe_loop_float32_images_per_second": fast32, "median_probe_loop_float32": statistics.median(fast32),
-           "precision": plan["precision"],
-           "median_probe_loop": statistics.median(fast), "median_fit_callback": statistics.median(fit)}
-    out["ratio"] = out["median_probe_loop"] / out["median_fit_callback"]
-    out["ratio_float32"] = out["median_probe_loop_float32"] / out["median_fit_callback"]
+                c = tr.keras_fit_default(ds.x_train, ds.y_train, a.batch_size, a.seconds, a.seed + r)
+                ips, keras_jit = c.images_per_second, c.jit_compile
+            runs[which].append(ips)
+            print(f"repeat {r + 1} {which}: {ips:.0f} images/s", file=sys.stderr)
+    med = {k: statistics.median(v) for k, v in runs.items()}
+    out = {"device": plan.name, "kind": plan.kind, "batch_size": a.batch_size, "seconds": a.seconds,
+           "repeats": a.repeats, "data": ds.summary(), "precision": plan.precision, "xla": plan.xla,
+           "keras_jit_compile": keras_jit, "images_per_second": runs, "median": med,
+           "ratio": med["probe"] / med["keras_fit"], "ratio_float32": med["probe_float32"] / med["keras_fit"]}
+    if not a.no_xla_flip:
+        flipped = dataclasses.replace(f32, xla=not plan.xla)
+        ips = tr.throughput_window(flipped, data, batch_size=a.batch_size, seconds=a.seconds, seed=a.seed,
+                                   lr=1e-3, min_steps=2)["images_per_second"]
+        out["xla_flipped"] = {"xla": flipped.xla, "precision": "float32", "images_per_second": ips,
+                              "ratio_to_probe_float32": ips / med["probe_float32"]}
+        print(f"probe loop float32 with XLA {'on' if flipped.xla else 'off'}: {ips:.0f} images/s", file=sys.stderr)
     print(json.dumps(out))
     return 0
 

@@ -128,7 +128,32 @@ class NvmlSampler:
             self._thread.join(timeout=2)
         self._shutdown()
 
-    def summary(self, window: tuple[float, float] | None = None) -> dict[str, Any]:
+    def driver_version(self) -> str | None:
+        """The NVIDIA driver version (while sampling; None without NVML)."""
+        if self._nvml is None:
+            return None
+        try:
+            v = self._nvml.nvmlSystemGetDriverVersion()
+        except Exception:
+            return None
+        return v.decode() if isinstance(v, bytes) else str(v)
+
+    def window(self, window: tuple[float, float] | None) -> dict[str, Any]:
+        """Utilization during one timed window: ``gpu_busy_fraction`` is the mean of NVML's
+        utilization (the share of time a kernel ran) over the samples inside it, as 0..1."""
+        out: dict[str, Any] = {"gpu_busy_fraction": None, "gpu_samples": 0}
+        if self.status == "unavailable" or window is None:
+            return out
+        inside = [s for s in list(self.samples) if window[0] <= s[0] <= window[1]]
+        out["gpu_samples"] = len(inside)
+        if inside:
+            utils = [s[1] for s in inside]
+            out["gpu_busy_fraction"] = round(sum(utils) / len(utils) / 100.0, 3)
+            out["gpu_utilization_percent_max"] = max(utils)
+            out["gpu_memory_used_mib_max"] = round(max(s[2] for s in inside), 1)
+        return out
+
+    def summary(self) -> dict[str, Any]:
         out: dict[str, Any] = {"status": self.status, "interval_ms": round(self.interval_s * 1000)}
         if self.reason:
             out["reason"] = self.reason
@@ -139,12 +164,4 @@ class NvmlSampler:
         out["count"] = len(samples)
         if samples:
             out["memory_used_mib_max"] = round(max(s[2] for s in samples), 1)
-        if window is not None:
-            inside = [s for s in samples if window[0] <= s[0] <= window[1]]
-            out["train_count"] = len(inside)
-            if inside:
-                utils = [s[1] for s in inside]
-                out["train_utilization_percent_mean"] = round(sum(utils) / len(utils), 1)
-                out["train_utilization_percent_max"] = max(utils)
-                out["train_memory_used_mib_max"] = round(max(s[2] for s in inside), 1)
         return out

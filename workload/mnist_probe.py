@@ -2,7 +2,23 @@
 
 Prints ONE JSON document on stdout (all logging goes to stderr). Exit 0 when a result was
 produced, even a failing one (``"ok": false`` with ``"error"`` and ``"error_kind"``: ``input``
-for unusable data, ``device`` when the asked-for device is absent or unused); non-zero on crash.
+for unusable data, ``dependency`` when TensorFlow cannot be imported, ``device`` when the
+asked-for device is absent or unused); non-zero on a crash.
+
+What it runs, in order (each phase timed in ``timings``):
+
+1. load MNIST with NumPy, import TensorFlow, put the data on the device;
+2. the **launch-bound** window: training at ``--batch-size`` (256), whose short steps measure the
+   host path that launches them (CPU frequency, NUMA binding, interrupts, allocator);
+3. the **device-bound** window: training at ``--device-batch-size`` (4,096 on a GPU, 1,024 on a
+   CPU), which keeps the device itself busy (clocks, thermals, memory bandwidth);
+4. inference images/s at batch 1, 32, 64 and 256;
+5. the **correctness run**: a fixed amount of work (``--train-steps`` steps of
+   ``--train-batch-size`` in a seeded order, float32, deterministic ops), then the test accuracy
+   and the result fingerprint. Only the throughput windows are timed; the verdict's accuracy
+   never depends on how fast or how busy the machine is.
+
+GPU utilization is sampled every 100 ms through NVML and reported per window.
 """
 
 from __future__ import annotations
@@ -17,12 +33,16 @@ from typing import Any
 
 T_START = time.monotonic()
 
+from . import PROBE_VERSION  # noqa: E402
 from . import data as mnist_data  # noqa: E402  (NumPy only)
 from .hostinfo import NvmlSampler, process_facts  # noqa: E402
 
-TARGET_IMAGES_PER_SECOND = 100_000  # the goal for one H100
+TARGET_IMAGES_PER_SECOND = 100_000  # the launch-bound goal for one H100
 BYTES_PER_IMAGE = 28 * 28 + 1  # uint8 pixels + uint8 label: what the host feeds per image
 INFER_BATCHES = (1, 32, 64, 256)
+DEVICE_BATCH = {"gpu": 4096, "cpu": 1024}
+WINDOW_SECONDS = {"gpu": 2.0, "cpu": 1.0}
+REGIMES = ("launch_bound", "device_bound")
 
 
 def _process_age_s() -> float:
@@ -45,19 +65,34 @@ def _args(argv: list[str] | None) -> argparse.Namespace:
     p = argparse.ArgumentParser(prog="python -m workload.mnist_probe", description=__doc__.splitlines()[0])
     p.add_argument("--device", choices=("cpu", "gpu", "auto"), default="auto")
     p.add_argument("--data", default=None, help="mnist.npz, an IDX directory, or mnist_5k.csv.gz")
-    p.add_argument("--train-seconds", type=float, default=3.0)
-    p.add_argument("--batch-size", type=int, default=256)
+    p.add_argument("--train-steps", type=int, default=100, help="steps of the correctness run (fixed work)")
+    p.add_argument("--train-batch-size", type=int, default=128, help="batch of the correctness run")
+    p.add_argument("--learning-rate", type=float, default=2e-3, help="Adam's learning rate, correctness run")
+    p.add_argument("--batch-size", type=int, default=256, help="launch-bound window's batch")
+    p.add_argument("--device-batch-size", type=int, default=None,
+                   help="device-bound window's batch [default: 4096 on a GPU, 1024 on a CPU]")
+    p.add_argument("--window-seconds", type=float, default=None,
+                   help="timed seconds per throughput window [default: 2 on a GPU, 1 on a CPU]")
     p.add_argument("--seed", type=int, default=0)
-    p.add_argument("--infer-seconds", type=float, default=0.2, help="timed seconds per inference batch size")
-    p.add_argument("--xla", choices=("auto", "on", "off"), default="auto", help="auto: on for GPU runs")
-    p.add_argument("--mixed-precision", choices=("auto", "on", "off"), default="auto", help="auto: float16 on a GPU, bfloat16 on a CPU with native bf16")
+    p.add_argument("--infer-seconds", type=float, default=0.15, help="timed seconds per inference batch size")
+    p.add_argument("--xla", choices=("auto", "on", "off"), default="auto", help="auto: on for GPUs, off for CPUs")
+    p.add_argument("--precision", choices=("auto", "float32", "bfloat16", "float16"), default="auto",
+                   help="throughput windows' compute type (the correctness run is float32)")
     a = p.parse_args(argv)
-    if not 0 < a.train_seconds <= 3600:
-        p.error(f"--train-seconds {a.train_seconds}: expected 0 < S <= 3600")
-    if not 1 <= a.batch_size <= 65536:
-        p.error(f"--batch-size {a.batch_size}: expected 1..65536")
-    if not 0 < a.infer_seconds <= 60:
-        p.error(f"--infer-seconds {a.infer_seconds}: expected 0 < S <= 60")
+    checks = (
+        ("--train-steps", a.train_steps, 1 <= a.train_steps <= 100_000, "1..100000"),
+        ("--train-batch-size", a.train_batch_size, 1 <= a.train_batch_size <= 65536, "1..65536"),
+        ("--learning-rate", a.learning_rate, 0 < a.learning_rate <= 1, "0 < LR <= 1"),
+        ("--batch-size", a.batch_size, 1 <= a.batch_size <= 65536, "1..65536"),
+        ("--device-batch-size", a.device_batch_size,
+         a.device_batch_size is None or 1 <= a.device_batch_size <= 262144, "1..262144"),
+        ("--window-seconds", a.window_seconds, a.window_seconds is None or 0 < a.window_seconds <= 600,
+         "0 < S <= 600"),
+        ("--infer-seconds", a.infer_seconds, 0 < a.infer_seconds <= 60, "0 < S <= 60"),
+    )
+    for flag, value, ok, want in checks:
+        if not ok:
+            p.error(f"{flag} {value}: expected {want}")
     return a
 
 
@@ -65,7 +100,8 @@ def _tri(v: str) -> bool | None:
     return None if v == "auto" else v == "on"
 
 
-def _target(train: dict[str, Any] | None, batch_size: int) -> dict[str, Any]:
+def _target(launch: dict[str, Any] | None, batch_size: int) -> dict[str, Any]:
+    """What reaching the launch-bound goal would take, against what was measured."""
     need_sps = TARGET_IMAGES_PER_SECOND / batch_size
     out: dict[str, Any] = {
         "train_images_per_second": TARGET_IMAGES_PER_SECOND,
@@ -75,35 +111,62 @@ def _target(train: dict[str, Any] | None, batch_size: int) -> dict[str, Any]:
         "steps_per_second_needed": round(need_sps, 1),
         "host_input_mb_per_second_needed": round(TARGET_IMAGES_PER_SECOND * BYTES_PER_IMAGE / 1e6, 1),
     }
-    if train:
-        ips = train["images_per_second"]
+    if launch:
+        ips = launch["images_per_second"]
         out.update({
             "train_images_per_second_measured": round(ips, 1),
             "fraction_of_target": round(ips / TARGET_IMAGES_PER_SECOND, 4),
-            "steps_per_second_measured": round(train["steps_per_second"], 2),
+            "steps_per_second_measured": round(launch["steps_per_second"], 2),
             "host_input_mb_per_second_measured": round(ips * BYTES_PER_IMAGE / 1e6, 2),
-            # The batch that would reach the target at the step rate measured here.
-            "batch_size_for_target_at_measured_step_rate": int(-(-TARGET_IMAGES_PER_SECOND // max(train["steps_per_second"], 1e-9))),
+            # The batch that would reach the goal at the step rate measured here.
+            "batch_size_for_target_at_measured_step_rate": int(-(-TARGET_IMAGES_PER_SECOND // max(launch["steps_per_second"], 1e-9))),
         })
     return out
 
 
+def peer_group(device: dict[str, Any], software: dict[str, Any], driver: str | None, data_digest: str,
+               threads: int) -> str:
+    """Who must compute the same fingerprint: same device model, driver major version, TensorFlow
+    and probe version, same data; on a CPU also the thread count (it sets how kernels split their
+    sums) and whether oneDNN is on."""
+    parts = [str(device.get("name") or "?")]
+    if device.get("kind") == "gpu":
+        parts.append(f"driver {str(driver).split('.')[0] if driver else '?'}")
+    parts += [f"tensorflow {software.get('tensorflow')}", f"probe {PROBE_VERSION}", f"data {data_digest}"]
+    if device.get("kind") == "cpu":
+        cpu = f"{threads} threads"
+        if not software.get("onednn", True):
+            cpu += ", onednn off"
+        elif software.get("onednn_max_isa"):
+            cpu += f", onednn isa {software['onednn_max_isa']}"
+        parts.append(cpu)
+    return " | ".join(parts)
+
+
+def _round(d: dict[str, Any]) -> dict[str, Any]:
+    return {k: (round(v, 4) if isinstance(v, float) else v) for k, v in d.items()}
+
+
 def run(a: argparse.Namespace) -> dict[str, Any]:
     res: dict[str, Any] = {
-        "ok": False, "error": None, "error_kind": None, "requested_device": a.device,
-        "device": None, "accuracy": None, "train_images_per_second": None,
+        "ok": False, "error": None, "error_kind": None, "probe_version": PROBE_VERSION,
+        "requested_device": a.device, "device": None, "accuracy": None, "fingerprint": None,
+        "peer_group": None, "train_images_per_second": None, "regimes": {},
         "inference_images_per_second": None, "time_to_verdict_seconds": None, "timings": {},
         "data": None, "gpu_samples": {"status": "unavailable", "reason": "not started"},
-        "host": None, "target": _target(None, a.batch_size),
-        "config": {"train_seconds": a.train_seconds, "batch_size": a.batch_size, "seed": a.seed},
+        "software": None, "host": None, "target": _target(None, a.batch_size),
+        "config": {"train_steps": a.train_steps, "train_batch_size": a.train_batch_size,
+                   "learning_rate": a.learning_rate, "batch_size": a.batch_size, "seed": a.seed},
     }
     timings = res["timings"]
 
     def finish() -> dict[str, Any]:
         res["host"] = process_facts()
         res["time_to_verdict_seconds"] = round(_process_age_s(), 3)
+        timings["total_seconds"] = res["time_to_verdict_seconds"]
         return res
 
+    timings["process_start_seconds"] = round(_process_age_s(), 3)  # interpreter + NumPy
     t = time.perf_counter()
     try:
         ds = mnist_data.load(a.data, seed=a.seed)
@@ -114,50 +177,77 @@ def run(a: argparse.Namespace) -> dict[str, Any]:
     timings["data_load_seconds"] = round(time.perf_counter() - t, 3)
 
     t = time.perf_counter()
-    from . import train as tr  # the TensorFlow import: seconds
-
-    timings["tensorflow_import_seconds"] = round(time.perf_counter() - t, 3)
     try:
-        plan = tr.setup_device(a.device, xla=_tri(a.xla), mixed=_tri(a.mixed_precision))
+        from . import train as tr  # the TensorFlow import: seconds
+    except ImportError as exc:  # train.TensorFlowMissing, or TensorFlow's own import failing
+        res.update(error=str(exc), error_kind="dependency")
+        return finish()
+    timings["tensorflow_import_seconds"] = round(time.perf_counter() - t, 3)
+    res["software"] = tr.software()
+    t = time.perf_counter()
+    try:
+        plan = tr.setup_device(a.device, xla=_tri(a.xla), precision=None if a.precision == "auto" else a.precision)
     except tr.DeviceUnavailable as exc:
         res.update(error=str(exc), error_kind="device", device={"kind": None, "name": None, "compute_capability": None})
         return finish()
-    res["device"] = {k: plan[k] for k in ("kind", "name", "compute_capability")}
-    res["config"].update(xla=plan["xla"], mixed_precision=plan["mixed_precision"], precision=plan["precision"])
+    res["device"] = plan.as_dict()
+    device_batch = a.device_batch_size or DEVICE_BATCH[plan.kind]
+    window_s = a.window_seconds or WINDOW_SECONDS[plan.kind]
+    res["config"].update(xla=plan.xla, precision=plan.precision, device_batch_size=device_batch,
+                         window_seconds=window_s, threads=plan.threads)
+    data = tr.DeviceData.put(plan, ds.x_train, ds.y_train, ds.x_test, ds.y_test)
+    res["device"]["data_placement"] = data.device
+    timings["device_setup_seconds"] = round(time.perf_counter() - t, 3)
 
     sampler = NvmlSampler(interval_s=0.1)
-    if plan["kind"] == "gpu":
+    driver = None
+    if plan.kind == "gpu":
         sampler.start()
+        driver = sampler.driver_version()
     else:
         sampler.reason = "CPU run"
+    res["software"]["driver"] = driver
     try:
-        t = time.perf_counter()
-        model = tr.build_model(a.seed)
-        trainer = tr.FastTrainer(model, a.batch_size, xla=plan["xla"], mixed=plan["mixed_precision"])
-        dataset = tr.make_dataset(ds.x_train, ds.y_train, a.batch_size, a.seed)
-        timings["build_seconds"] = round(time.perf_counter() - t, 3)
-        train = trainer.train(dataset, a.train_seconds)
-        window = train.pop("window")
-        timings["warmup_seconds"] = round(train.pop("warmup_seconds"), 3)
-        timings["train_seconds"] = round(train["seconds"], 3)
-        res["train_images_per_second"] = round(train["images_per_second"], 1)
-        res["train"] = {k: (round(v, 4) if isinstance(v, float) else v) for k, v in train.items()}
-        res["target"] = _target(train, a.batch_size)
+        for regime, bs in (("launch_bound", a.batch_size), ("device_bound", device_batch)):
+            try:
+                w = tr.throughput_window(plan, data, batch_size=bs, seconds=window_s, seed=a.seed, lr=a.learning_rate)
+            except tr.tf.errors.OpError as exc:
+                if plan.kind != "cpu" or plan.precision == "float32":
+                    raise
+                # A CPU whose flags promise bfloat16 that its kernels cannot use (a capped oneDNN
+                # ISA, an odd hypervisor): measure in float32 and say so.
+                res.setdefault("notes", []).append(
+                    f"{plan.precision} kernels failed on this CPU ({type(exc).__name__}); "
+                    "throughput measured in float32")
+                plan = tr.dataclasses.replace(plan, precision="float32")
+                res["config"]["precision"] = "float32"
+                w = tr.throughput_window(plan, data, batch_size=bs, seconds=window_s, seed=a.seed, lr=a.learning_rate)
+            window = w.pop("window")
+            timings[f"{regime}_compile_seconds"] = round(w["compile_seconds"], 3)
+            timings[f"{regime}_window_seconds"] = round(w["seconds"], 3)
+            w.update(sampler.window(window) if plan.kind == "gpu" else {"gpu_busy_fraction": None, "gpu_samples": 0})
+            res["regimes"][regime] = _round(w)
+        launch = res["regimes"]["launch_bound"]
+        res["train_images_per_second"] = round(launch["images_per_second"], 1)
+        res["target"] = _target(launch, a.batch_size)
 
         t = time.perf_counter()
-        res["accuracy"] = round(tr.accuracy(model, ds.x_test, ds.y_test, xla=plan["xla"]), 4)
-        timings["evaluate_seconds"] = round(time.perf_counter() - t, 3)
-        t = time.perf_counter()
-        res["inference_images_per_second"] = tr.inference_throughput(
-            model, ds.x_test, INFER_BATCHES, a.infer_seconds, xla=plan["xla"])
+        res["inference_images_per_second"] = tr.inference_throughput(plan, data, INFER_BATCHES, a.infer_seconds, a.seed)
         timings["inference_seconds"] = round(time.perf_counter() - t, 3)
-        ran_on = tr.variable_device(model)
-        res["device"]["placement"] = ran_on
+
+        c = tr.correctness_run(plan, data, steps=a.train_steps, batch_size=a.train_batch_size, seed=a.seed,
+                               lr=a.learning_rate)
+        timings["correctness_train_seconds"] = round(c.pop("train_seconds"), 3)
+        timings["evaluate_seconds"] = round(c.pop("evaluate_seconds"), 3)
+        res["accuracy"] = round(c["accuracy"], 4)
+        res["fingerprint"] = c["fingerprint"]
+        res["correctness"] = _round(c)
     finally:
         sampler.stop()
-    res["gpu_samples"] = sampler.summary(window)
-    if plan["kind"] == "gpu" and "GPU" not in ran_on.upper():
-        res.update(error=f"a GPU was asked for but the model's variables live on {ran_on or 'an unknown device'}",
+    res["gpu_samples"] = sampler.summary()
+    res["peer_group"] = peer_group(res["device"], res["software"], driver, ds.digest(), plan.threads)
+    if plan.kind == "gpu" and "GPU" not in data.device.upper():
+        res.update(error=f"a GPU was asked for but the data was placed on {data.device or 'an unknown device'}",
                    error_kind="device")
         return finish()
     res["ok"] = True

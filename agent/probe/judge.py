@@ -1,0 +1,155 @@
+"""Judging one probe result: pure, from the workload's JSON, the target and the baselines.
+
+A result passes when the workload ran on the device asked for, its accuracy after the fixed
+amount of work reaches ``probe.accuracy_min``, each throughput regime reaches
+``probe.throughput_fraction`` of its measured baseline (unmeasured targets and unknown models are
+reported, not judged), its fingerprint matches the one pinned for its peer group (if any), and the
+process ran with the NUMA binding and allocator it was given.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Any, Mapping
+
+from ..parse import ParseError, format_cpulist, parse_cpulist
+from ..policy import ProbePolicy
+from .baselines import REGIME_WORDS, REGIMES, Baseline, Baselines
+from .plan import ProbeTarget
+
+SDC_MEANING = ("this device computes a different result than healthy peers: possible silent data "
+               "corruption or a broken software stack; drain the node and run the GPU vendor's "
+               "diagnostics (e.g. `dcgmi diag -r 3`), and compare the driver and TensorFlow builds")
+
+
+@dataclass(frozen=True)
+class Judgement:
+    status: str  # passed | failed | error
+    reasons: list[str] = field(default_factory=list)
+    notes: list[str] = field(default_factory=list)
+    # Every reason is a throughput shortfall: worth a bounded retry (a noisy neighbour passes).
+    throughput_only: bool = False
+
+
+def _num(v: Any) -> float | None:
+    return float(v) if isinstance(v, (int, float)) and not isinstance(v, bool) else None
+
+
+def regime_figures(result: Mapping[str, Any]) -> dict[str, dict[str, Any]]:
+    """``{regime: {"images_per_second", "batch_size", "gpu_busy_fraction"}}``; a 0.1.0 result
+    (one ``train_images_per_second``) reads as its launch-bound regime."""
+    regimes = result.get("regimes")
+    if isinstance(regimes, Mapping) and regimes:
+        return {k: dict(v) for k, v in regimes.items() if k in REGIMES and isinstance(v, Mapping)}
+    ips = _num(result.get("train_images_per_second"))
+    return {"launch_bound": {"images_per_second": ips}} if ips is not None else {}
+
+
+def _baseline(result: Mapping[str, Any], target: ProbeTarget, device: str,
+              baselines: Baselines) -> tuple[Baseline | None, str]:
+    dev = result.get("device") or {}
+    if device == "gpu":
+        model = target.gpu_name or dev.get("name") or target.pci_device_id or "?"
+        return baselines.for_gpu(target.gpu_name or dev.get("name"), target.pci_device_id), model
+    return baselines.cpu, "cpu"
+
+
+def _throughput(result: Mapping[str, Any], base: Baseline | None, model: str,
+                policy: ProbePolicy) -> tuple[list[str], list[str]]:
+    reasons: list[str] = []
+    notes: list[str] = []
+    figures = regime_figures(result)
+    if base is None:
+        notes.append(f"no throughput baseline for {model!r}: measured and reported, not judged")
+        return reasons, notes
+    for regime in REGIMES:
+        want = base.regime(regime)
+        if want is None:
+            continue
+        word = REGIME_WORDS[regime]
+        got = _num((figures.get(regime) or {}).get("images_per_second"))
+        if not base.measured:
+            if got is not None:
+                notes.append(f"{word} training {got:.0f} images/s is {got / want.train_images_per_second:.1%} of the "
+                             f"{want.train_images_per_second:g} images/s target for {model!r} (a target, not a "
+                             "measured baseline: reported, not judged)")
+            continue
+        if got is None:
+            reasons.append(f"no {word} training throughput in the result")
+            continue
+        need = policy.throughput_fraction * want.train_images_per_second
+        if got < need:
+            bs = (figures.get(regime) or {}).get("batch_size") or want.batch_size
+            at = f" at batch {bs}" if bs else ""
+            reasons.append(f"{word} training throughput {got:.0f} images/s{at} is below {need:.0f} "
+                           f"({policy.throughput_fraction:g} x baseline {want.train_images_per_second:g} for {model!r})")
+    return reasons, notes
+
+
+def _fingerprint(result: Mapping[str, Any], base: Baseline | None) -> tuple[list[str], list[str]]:
+    group = result.get("peer_group")
+    got = result.get("fingerprint")
+    pin = base.pinned(group) if base is not None else None
+    if pin is None:
+        return [], []
+    if not isinstance(got, str) or not got:
+        return [f"no result fingerprint, but healthy peers ({group}) pin {pin.fingerprint}"], []
+    if got.lower() != pin.fingerprint:
+        return [f"result fingerprint {got} differs from {pin.fingerprint} pinned for peer group "
+                f"'{group}': {SDC_MEANING}"], []
+    return [], [f"fingerprint {got} matches the one pinned for its peer group"]
+
+
+def _binding(host: Mapping[str, Any], target: ProbeTarget, policy: ProbePolicy) -> list[str]:
+    reasons: list[str] = []
+    if policy.require_numa_binding:
+        if target.expected_cpus is not None:
+            try:
+                got = parse_cpulist(str(host.get("cpu_affinity", "")))
+            except (ParseError, ValueError):
+                got = None
+            if got != frozenset(target.expected_cpus):
+                reasons.append(f"CPU affinity inside the probe is {host.get('cpu_affinity')!r}, "
+                               f"expected {format_cpulist(target.expected_cpus)!r}")
+        if target.expected_node is not None:
+            try:
+                mems = parse_cpulist(str(host.get("mems_allowed", "")))
+            except (ParseError, ValueError):
+                mems = None
+            if mems != frozenset({target.expected_node}):
+                reasons.append(f"memory allowed on NUMA node(s) {host.get('mems_allowed')!r}, "
+                               f"expected {target.expected_node}")
+    if policy.require_jemalloc and not host.get("jemalloc_mapped"):
+        reasons.append("jemalloc is required but not mapped in the probe process "
+                       f"(LD_PRELOAD={host.get('ld_preload', '')!r})")
+    return reasons
+
+
+def judge(result: Mapping[str, Any], target: ProbeTarget, device: str, policy: ProbePolicy,
+          baselines: Baselines) -> Judgement:
+    if not result.get("ok"):
+        err = str(result.get("error") or "workload reported failure without a reason")
+        # Unusable data or a missing TensorFlow say nothing about the node's hardware: errors.
+        status = "error" if result.get("error_kind") in ("input", "dependency") else "failed"
+        return Judgement(status, [err])
+    reasons: list[str] = []
+    notes: list[str] = list(result.get("notes") or [])
+    dev = result.get("device") or {}
+    if device == "gpu" and dev.get("kind") != "gpu":
+        reasons.append(f"a GPU was asked for but the workload ran on {dev.get('kind') or 'an unknown device'}"
+                       f" ({dev.get('name') or '?'})")
+    acc = _num(result.get("accuracy"))
+    if acc is None:
+        reasons.append("no accuracy in the result")
+    elif acc < policy.accuracy_min:
+        steps = (result.get("correctness") or {}).get("steps")
+        after = f" after the fixed {steps} training steps" if steps else ""
+        reasons.append(f"accuracy {acc:.4f}{after} is below {policy.accuracy_min:g}")
+    base, model = _baseline(result, target, device, baselines)
+    fr, fn = _fingerprint(result, base)
+    tr, tn = _throughput(result, base, model, policy)
+    other = reasons + fr + _binding(result.get("host") or {}, target, policy)
+    notes += fn + tn
+    all_reasons = other + tr
+    return Judgement("failed" if all_reasons else "passed", all_reasons, notes,
+                     throughput_only=bool(tr) and not other)

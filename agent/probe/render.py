@@ -1,0 +1,89 @@
+"""The ``gpu-tune probe`` table: one block per target (GPU or CPU)."""
+
+from __future__ import annotations
+
+from typing import Any, Sequence
+
+from .baselines import REGIME_WORDS
+from .judge import regime_figures
+from .run import ProbeVerdict
+
+# Timing keys shown in the "seconds" row, in the order they happen, with their short names.
+TIMING_ROWS = (("tensorflow_import_seconds", "import"), ("launch_bound_compile_seconds", "compile"),
+               ("launch_bound_window_seconds", "launch window"), ("device_bound_compile_seconds", "compile"),
+               ("device_bound_window_seconds", "device window"), ("inference_seconds", "inference"),
+               ("correctness_train_seconds", "correctness"), ("evaluate_seconds", "evaluate"))
+
+
+def _regime_line(fig: dict[str, Any]) -> str:
+    ips = fig.get("images_per_second")
+    text = f"{ips:,.0f} images/s" if isinstance(ips, (int, float)) else "?"
+    if fig.get("batch_size"):
+        text += f" at batch {fig['batch_size']:,}"
+    busy = fig.get("gpu_busy_fraction")
+    if isinstance(busy, (int, float)):
+        text += f", GPU busy {busy:.0%}"
+    return text
+
+
+def _timings_line(r: dict[str, Any]) -> str | None:
+    t = r.get("timings") or {}
+    total = r.get("time_to_verdict_seconds")
+    parts = [f"{name} {t[key]:.1f}" for key, name in TIMING_ROWS if isinstance(t.get(key), (int, float))]
+    if not parts:
+        return None
+    head = f"{total:.1f} s to verdict: " if isinstance(total, (int, float)) else ""
+    return head + ", ".join(parts)
+
+
+def render_probe_table(verdicts: Sequence[ProbeVerdict]):
+    from rich.console import Group
+    from rich.table import Table
+
+    style = {"passed": "green", "skipped": "yellow"}
+    blocks = []
+    for v in verdicts:
+        r = v.result or {}
+        dev = r.get("device") or {}
+        acc = r.get("accuracy")
+        infer = r.get("inference_images_per_second") or {}
+        host = r.get("host") or {}
+        cfg = r.get("config") or {}
+        t = Table(title=f"MNIST probe: {'GPU ' + v.gpu if v.gpu != 'cpu' else 'CPU'}", title_justify="left",
+                  show_header=False, box=None, pad_edge=False)
+        t.add_column("field", style="bold", no_wrap=True)
+        t.add_column("value", overflow="fold")
+        t.add_row("status", f"[{style.get(v.status, 'red')}]{v.status}[/] after {v.attempts} attempt(s), "
+                            f"{v.duration_seconds:.1f} s")
+        if dev:
+            cc = f", compute capability {dev['compute_capability']}" if dev.get("compute_capability") else ""
+            t.add_row("device", f"{dev.get('kind', '?')}: {dev.get('name', '?')}{cc}")
+        if isinstance(acc, (int, float)):
+            c = r.get("correctness") or {}
+            work = f" after {c['steps']} steps of {c['batch_size']} (fixed work)" if c.get("steps") else ""
+            t.add_row("accuracy", f"{acc:.4f}{work}")
+        if r.get("fingerprint"):
+            t.add_row("fingerprint", f"{r['fingerprint']}  ({r.get('peer_group') or 'peer group unknown'})")
+        for regime, fig in regime_figures(r).items():
+            t.add_row(f"train {REGIME_WORDS.get(regime, regime)}", _regime_line(fig))
+        if cfg.get("precision"):
+            t.add_row("settings", f"{cfg['precision']}, XLA {'on' if cfg.get('xla') else 'off'}"
+                                  + (f", {cfg['threads']} CPU threads" if cfg.get("threads") else ""))
+        if infer:
+            t.add_row("inference", ", ".join(f"batch {b}: {x:,.0f}/s" for b, x in infer.items()
+                                             if isinstance(x, (int, float))))
+        timing = _timings_line(r)
+        if timing:
+            t.add_row("seconds", timing)
+        if host:
+            binding = f"CPUs {host.get('cpu_affinity')}, memory nodes {host.get('mems_allowed')}, " \
+                      f"policy {host.get('mempolicy')}, jemalloc {'mapped' if host.get('jemalloc_mapped') else 'not mapped'}"
+            t.add_row("binding", binding)
+        for reason in v.reasons:
+            t.add_row("[red]reason[/]" if v.status != "skipped" else "reason", reason)
+        for note in v.notes:
+            t.add_row("note", note)
+        if v.stderr_tail and v.status in ("crashed", "error", "timeout"):
+            t.add_row("stderr", v.stderr_tail[-600:])
+        blocks.append(t)
+    return Group(*blocks)
