@@ -19,6 +19,23 @@ KNOBS: tuple[Knob, ...] = (
     AllocatorKnob(),
 )
 
+# Journal entries name the family that wrote them (revert finds the knob by it).
 BY_FAMILY: dict[str, Knob] = {k.family: k for k in KNOBS}
 
-__all__ = ["BY_FAMILY", "KNOBS", "Context", "Knob"]
+
+def knob_for(setting_id: str) -> Knob | None:
+    """The knob that reports ``setting_id`` (several knobs share an id prefix: ``cpu.governor``
+    and ``cpu.cstates``, ``gpu.persistence_mode`` and ``gpu.mig_mode``)."""
+    for knob in KNOBS:
+        if knob.owns(setting_id):
+            return knob
+    return None
+
+
+def fixable(setting_id: str) -> bool:
+    """Whether ``apply`` may change a row of this id (read-only checks only report)."""
+    knob = knob_for(setting_id)
+    return knob is not None and knob.writable
+
+
+__all__ = ["BY_FAMILY", "KNOBS", "Context", "Knob", "fixable", "knob_for"]

@@ -70,6 +70,15 @@ class Knob:
     files: ClassVar[tuple[str, ...]] = ()
     # The setting id of the row reported when the whole family cannot be read.
     error_id: ClassVar[str] = ""
+    # The setting ids this knob reports (its rows and journal entries are routed back to it).
+    ids: ClassVar[tuple[str, ...]] = ()
+    # False for a check that only reads: ``apply`` never plans its rows (a ``drift`` row then
+    # carries the remedy in its detail, for a person or another owner to act on).
+    writable: ClassVar[bool] = True
+
+    def owns(self, setting_id: str) -> bool:
+        """Does this knob report ``setting_id``?"""
+        return setting_id in self.ids or setting_id == self.error_id
 
     def wanted(self, profile: "Profile") -> bool:
         """Does the profile ask for anything from this knob?"""
@@ -80,6 +89,10 @@ class Knob:
 
     # The value written into the kernel file for ``desired`` (bare word, number...).
     def value_to_write(self, row: Setting) -> str:
+        return row.desired
+
+    def planned(self, row: Setting) -> str:
+        """What ``apply`` would set a drift row to, in words (for ``apply --dry-run``)."""
         return row.desired
 
     def snapshot(self, ctx: Context, row: Setting) -> dict[str, Any]:

@@ -27,6 +27,7 @@ def _word(on: bool | None) -> str | None:
 class GpuPersistenceKnob(Knob):
     family = "gpu"
     error_id = "gpu.persistence_mode"
+    ids = ("gpu.persistence_mode",)
     files = ("NVML: nvmlDeviceGetPersistenceMode / nvmlDeviceSetPersistenceMode", "/proc/[pid]/comm")
 
     def wanted(self, profile) -> bool:

@@ -68,6 +68,7 @@ def _read_affinity(ctx: Context, irq: int) -> tuple[str | None, frozenset[int] |
 class IrqAffinityKnob(Knob):
     family = "irq"
     error_id = "irq.affinity"
+    ids = ("irq.affinity",)
     files = (f"{IRQ_DIR}/N/smp_affinity_list", f"{IRQ_DIR}/N/smp_affinity",
              f"{IRQ_DIR}/N/effective_affinity_list", "/sys/bus/pci/devices/*/msi_irqs/", "/proc/[pid]/comm")
 
