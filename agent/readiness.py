@@ -118,7 +118,10 @@ def tuning_check(audit: Mapping[str, Any] | None, *, required: bool = True, erro
     for s in bad:
         what = f"{s.get('id')}[{s.get('target')}] {s.get('status')}"
         if s.get("status") == "drift":
-            what += f": {s.get('current')!s} != {s.get('desired')!s}"
+            desired = str(s.get("desired"))
+            # a bound or a budget ("≥ 1048576", "≤ 10 µs") reads as what is wanted, not a value
+            rel = "wants" if desired[:1] in ("≥", "≤") else "!="
+            what += f": {s.get('current')!s} {rel} {desired}"
         elif s.get("detail"):
             what += f": {s.get('detail')}"
         parts.append(what)

@@ -74,7 +74,8 @@ def settings_table(title: str, rows: Iterable[Setting], *, show_changed: bool = 
     for row, targets in group_rows(rows):
         cur = "—" if row.current is None else row.current
         arrow = Text(cur)
-        if row.current != row.desired:
+        # an ok row whose desired value is a bound (≥ 1048576) or a budget satisfies it: no arrow
+        if row.current != row.desired and row.status != "ok":
             arrow.append(" → ")
             arrow.append(row.desired or "—", style="bold")
         cells = [Text(row.id), Text(compress_targets(targets)), arrow,
