@@ -44,12 +44,23 @@ def _gpu_line(g: PciDevice, topo: Topology) -> Text:
     return t
 
 
+def _irqs(dev: PciDevice) -> str:
+    return f"{len(dev.irqs)} IRQs" + (f" ({format_cpulist(dev.irqs)})" if dev.irqs else "")
+
+
 def _nic_line(n: PciDevice) -> Text:
     t = Text()
     t.append(", ".join(n.names) or n.address, style="bold cyan")
-    t.append(f"  {'rdma' if n.rdma else 'net'}  {n.address}  ")
-    t.append_text(_link(n))
-    t.append(f"  {len(n.irqs)} IRQs")
+    t.append(f"  {'rdma' if n.rdma else 'net'}  ")
+    if n.virtio:
+        t.append(f"{n.virtio} on ")
+    t.append(f"{n.address}  ")
+    if n.link_gen_current is not None or n.link_width_current is not None:
+        t.append_text(_link(n))  # virtio functions have no PCIe link files
+        t.append("  ")
+    t.append(_irqs(n))
+    if n.numa_source == "local_cpulist":
+        t.append("  (node from local_cpulist)", style="yellow")
     return t
 
 
