@@ -4,6 +4,7 @@ from __future__ import annotations
 
 from .allocator import AllocatorKnob
 from .base import Context, Knob
+from .cpu_cstates import CpuCstatesKnob
 from .cpu_governor import CpuGovernorKnob
 from .gpu_persistence import GpuPersistenceKnob
 from .irq_affinity import IrqAffinityKnob
@@ -14,6 +15,7 @@ KNOBS: tuple[Knob, ...] = (
     SysctlKnob(),
     ThpKnob(),
     CpuGovernorKnob(),
+    CpuCstatesKnob(),
     GpuPersistenceKnob(),
     IrqAffinityKnob(),
     AllocatorKnob(),

@@ -125,9 +125,14 @@ class Knob:
     def restore(self, ctx: Context, entry: dict[str, Any]) -> None:
         """Write the original back. Kernel files take the bare value; a regular file (a
         fixture, a config file) gets its original bytes back exactly."""
-        path = entry["path"]
-        raw = decode_raw(entry.get("raw"))
-        if raw is not None and not ctx.fs.is_kernel_file(path):
-            ctx.fs.write_bytes_exact(path, raw)
-        else:
-            ctx.fs.write_text(path, self.restore_value(entry))
+        restore_file(ctx, entry["path"], entry.get("raw"), self.restore_value(entry))
+
+
+def restore_file(ctx: Context, path: str, raw_b64: str | None, value: str) -> None:
+    """Put one journalled file back: the bare ``value`` into a kernel file, the exact original
+    bytes into a regular one."""
+    raw = decode_raw(raw_b64)
+    if raw is not None and not ctx.fs.is_kernel_file(path):
+        ctx.fs.write_bytes_exact(path, raw)
+    else:
+        ctx.fs.write_text(path, value)
