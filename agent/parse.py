@@ -223,3 +223,34 @@ def parse_int(text: str | None, default: int | None = None) -> int | None:
         return int(text.strip(), 0)
     except ValueError:
         return default
+
+
+# -- /proc/<pid>/limits --------------------------------------------------------------------------
+@dataclass(frozen=True)
+class Rlimit:
+    soft: int | None  # None: unlimited
+    hard: int | None
+    units: str
+
+
+_LIMIT_RE = re.compile(r"^(Max [a-z ]+?)\s{2,}(\S+)\s+(\S+)\s*(\S*)\s*$")
+
+
+def parse_limits(text: str) -> dict[str, Rlimit]:
+    """``/proc/<pid>/limits`` -> {"Max locked memory": Rlimit(soft, hard, "bytes"), ...};
+    ``unlimited`` is None. Lines that do not parse are skipped."""
+    out: dict[str, Rlimit] = {}
+    for line in text.splitlines():
+        m = _LIMIT_RE.match(line)
+        if not m:
+            continue
+        name, soft, hard, units = m.groups()
+
+        def val(v: str) -> int | None:
+            return None if v == "unlimited" else int(v) if v.isdigit() else -1
+
+        s, h = val(soft), val(hard)
+        if s == -1 or h == -1:
+            continue
+        out[name] = Rlimit(s, h, units)
+    return out

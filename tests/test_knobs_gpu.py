@@ -45,7 +45,7 @@ def roundtrip(knob, ctx, rows):
 
 
 def test_registry_order():
-    assert [k.family for k in KNOBS] == ["sysctl", "thp", "cpu", "cstates", "gpu", "irq", "allocator"]
+    assert [k.family for k in KNOBS] == ["sysctl", "thp", "cpu", "cstates", "gpu", "irq", "allocator", "limits"]
 
 
 # -- gpu.persistence_mode -------------------------------------------------------------------------

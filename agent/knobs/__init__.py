@@ -8,6 +8,7 @@ from .cpu_cstates import CpuCstatesKnob
 from .cpu_governor import CpuGovernorKnob
 from .gpu_persistence import GpuPersistenceKnob
 from .irq_affinity import IrqAffinityKnob
+from .limits import MemlockKnob
 from .sysctl import SysctlKnob
 from .thp import ThpKnob
 
@@ -19,6 +20,7 @@ KNOBS: tuple[Knob, ...] = (
     GpuPersistenceKnob(),
     IrqAffinityKnob(),
     AllocatorKnob(),
+    MemlockKnob(),
 )
 
 # Journal entries name the family that wrote them (revert finds the knob by it).

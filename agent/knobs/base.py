@@ -54,6 +54,20 @@ class Context:
         return self._cache[key]
 
 
+def process_table(ctx: Context) -> dict[str, tuple[int, ...]]:
+    """``comm`` -> pids (ascending) of every process under ``/proc``, read once per context."""
+
+    def load() -> dict[str, tuple[int, ...]]:
+        out: dict[str, list[int]] = {}
+        for pid in ctx.fs.pids():
+            comm = ctx.fs.read_optional(f"/proc/{pid}/comm")
+            if comm:
+                out.setdefault(comm, []).append(pid)
+        return {k: tuple(sorted(v)) for k, v in out.items()}
+
+    return ctx.cached("process_table", load)
+
+
 def encode_raw(data: bytes | None) -> str | None:
     return None if data is None else base64.b64encode(data).decode("ascii")
 

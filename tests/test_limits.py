@@ -1,0 +1,108 @@
+"""limits.memlock: the container runtime's RLIMIT_MEMLOCK (pods inherit it) against the profile's
+floor. Read-only: a runtime below the floor is drift with the remedy; apply never writes."""
+
+from __future__ import annotations
+
+import shutil
+
+import pytest
+
+from agent.engine import apply, audit, make_context, plan
+from agent.hostfs import HostFS
+from agent.journal import Journal
+from agent.knobs import fixable
+from agent.policy import Profile, load_profile
+from tests.conftest import snapshot_tree
+from tests.fixtures.hostgen import proc_limits
+
+
+def rows_of(root, profile):
+    return [r for r in audit(make_context(HostFS(root), profile, None)).settings if r.id == "limits.memlock"]
+
+
+def floor(value) -> Profile:
+    return Profile(name="t", limits={"memlock": {"min": value}})
+
+
+def test_systemd_default_8mib_is_below_the_shipped_floor(make_host):
+    root = make_host("small-2cpu")  # containerd (pid 1187) with systemd's default 8 MiB
+    (row,) = rows_of(root, load_profile("training"))
+    assert (row.target, row.current, row.desired, row.status) == ("containerd", "8388608", "≥ unlimited", "drift")
+    assert row.detail.startswith("8388608 < unlimited: containers started by containerd (pid 1187) inherit it")
+    assert "LimitMEMLOCK=infinity for containerd.service (systemctl edit containerd" in row.detail
+    assert not fixable("limits.memlock")
+
+
+def test_read_only_apply_never_writes_and_reports_not_compliant(make_host):
+    root = make_host("small-2cpu")
+    before = (root / "proc/1187/limits").read_bytes()
+    prof = floor("unlimited")
+    ctx = make_context(HostFS(root), prof, None)
+    rep = audit(ctx)
+    assert plan(rep.settings) == ()
+    dry = apply(make_context(HostFS(root), prof, None), dry=True)
+    assert "would change" not in dry.settings[0].detail and "LimitMEMLOCK" in dry.settings[0].detail
+    rep = apply(make_context(HostFS(root), prof, None))
+    assert not rep.compliant and rep.settings[0].status == "drift" and rep.settings[0].changed is False
+    assert (root / "proc/1187/limits").read_bytes() == before
+    assert not (root / "var/lib/gpu-tune/journal.json").exists() or not Journal(HostFS(root)).load().entries
+
+
+def test_an_unlimited_runtime_passes(tmp_path_factory):
+    from tests.fixtures import pcigen
+
+    root = pcigen.build_shared("dgx-8gpu", tmp_path_factory)  # containerd with LimitMEMLOCK=infinity
+    (row,) = rows_of(root, load_profile("inference"))
+    assert (row.current, row.status) == ("unlimited", "ok")
+    assert row.detail == "unlimited ≥ unlimited: containers started by containerd (pid 1187) inherit it"
+
+
+@pytest.mark.parametrize("value,status", [("64M", "drift"), ("8MiB", "ok"), (4194304, "ok"), ("1G", "drift")])
+def test_byte_floors(make_host, value, status):
+    root = make_host("small-2cpu")
+    (row,) = rows_of(root, floor(value))
+    assert row.status == status
+
+
+def test_several_runtimes_and_the_hard_limit(make_host):
+    root = make_host("small-2cpu")
+    shutil.rmtree(root / "proc/1187")
+    (root / "proc/2001").mkdir(parents=True)
+    (root / "proc/2001/comm").write_text("dockerd\n")
+    (root / "proc/2001/limits").write_text(proc_limits("65536").replace(
+        "Max locked memory         65536                65536  ", "Max locked memory         65536                unlimited"))
+    (root / "proc/2002").mkdir()
+    (root / "proc/2002/comm").write_text("crio\n")
+    (root / "proc/2002/limits").write_text(proc_limits("unlimited"))
+    rows = rows_of(root, floor("unlimited"))
+    assert [(r.target, r.current, r.status) for r in rows] == [("crio", "unlimited", "ok"), ("dockerd", "65536", "drift")]
+    assert "hard limit unlimited" in rows[1].detail and "--default-ulimit memlock=-1:-1" in rows[1].detail
+    assert "LimitMEMLOCK=infinity for docker.service" in rows[1].detail
+
+
+def test_no_runtime_is_unsupported_and_unreadable_limits_an_error(make_host):
+    root = make_host("small-2cpu")
+    (root / "proc/1187/limits").unlink()
+    (row,) = rows_of(root, floor("unlimited"))
+    assert (row.target, row.status) == ("containerd", "error") and "/proc/1187/limits" in row.detail
+    shutil.rmtree(root / "proc/1187")
+    (row,) = rows_of(root, floor("unlimited"))
+    assert (row.target, row.status) == ("-", "unsupported") and "no container runtime process" in row.detail
+
+
+def test_lowest_pid_is_the_runtime(make_host):
+    """A nested runtime (a kind node, a test container) runs under the host's: the host's is the
+    oldest process of that name."""
+    root = make_host("small-2cpu")
+    (root / "proc/9000").mkdir()
+    (root / "proc/9000/comm").write_text("containerd\n")
+    (root / "proc/9000/limits").write_text(proc_limits("unlimited"))
+    (row,) = rows_of(root, floor("unlimited"))
+    assert row.detail.startswith("8388608 < unlimited: containers started by containerd (pid 1187)")
+
+
+def test_the_fixture_tree_is_untouched_by_audit(make_host):
+    root = make_host("small-2cpu")
+    before = snapshot_tree(root)
+    rows_of(root, load_profile("training"))
+    assert snapshot_tree(root) == before
