@@ -357,7 +357,7 @@ class Agent:
 
         profile = self.stages.profile
         judge = dict(profile=profile, audit=self._audit, gpus=self._gpus, topology=self._topology_doc,
-                     probes=probes, errors=errors, mode=self.mode)
+                     probes=probes, errors=errors, mode=self.mode, last_publish=self._last_publish)
         pre = verdict(**judge)
         driver = (identity or {}).get("driver_version")
         if self._holding_first_publish(probe):

@@ -19,7 +19,12 @@
 ``numa_node`` is ``-1`` where firmware gives none: the node is then derived from the device's
 ``local_cpulist`` (the node whose CPU list equals or contains it) or left unknown (``None``,
 ``numa_source="unknown"``), never guessed. GPUs are matched to the backend's GPUs by PCI bus id,
-and NVML's CPU affinity is cross-checked against sysfs (a mismatch becomes a warning).
+and NVML's CPU affinity is cross-checked against sysfs (a mismatch becomes a warning); each GPU
+carries its MIG mode (current and pending) from the backend.
+
+With a GPU backend the document also carries the driver version and the CUDA version the driver
+supports, and ``probe_runtime``: the CUDA version the probe's TensorFlow was built for (read from
+the probe's own environment, see :mod:`agent.gpu.cuda`; the container's in the DaemonSet).
 Nothing here reads per-IRQ files: IRQs are only listed.
 """
 
@@ -95,6 +100,8 @@ class PciDevice:
     gpu_name: str | None = None
     gpu_uuid: str | None = None
     rdma: bool = False  # a NIC with an RDMA (infiniband) device
+    mig_mode: bool | None = None  # a GPU's MIG mode (None: no MIG, or not known)
+    mig_mode_pending: bool | None = None
     virtio: str | None = None  # a virtio-net NIC: its virtio device under the PCI function
 
     @property
@@ -134,6 +141,9 @@ class Topology:
     nics: tuple[PciDevice, ...]
     gpu_local_nics: dict[str, tuple[str, ...]] = field(default_factory=dict)  # GPU address -> NIC names
     warnings: tuple[str, ...] = ()
+    driver_version: str | None = None
+    cuda_driver_version: str | None = None  # the newest CUDA the driver supports ("12.8")
+    probe_runtime: dict[str, Any] | None = None  # agent.gpu.cuda.FrameworkBuild.as_dict()
 
     def gpu(self, index: int) -> PciDevice | None:
         for g in self.gpus:
@@ -171,6 +181,7 @@ class Topology:
                 "local_cpus": format_cpulist(g.local_cpus), "pcie": g.pcie_dict(),
                 "irq_count": len(g.irqs), "irqs": format_cpulist(g.irqs),
                 "local_nics": list(self.gpu_local_nics.get(g.address, ())),
+                "mig_mode": g.mig_mode, "mig_mode_pending": g.mig_mode_pending,
             })
         nics = []
         for d in self.nics:
@@ -185,6 +196,8 @@ class Topology:
             "numa_nodes": nodes, "cpus_online": format_cpulist(self.cpus_online),
             "cpu_count": len(self.cpus_online), "sockets": self.sockets, "cpu_model": self.cpu_model,
             "gpus": gpus, "nics": nics, "warnings": list(self.warnings),
+            "driver_version": self.driver_version, "cuda_driver_version": self.cuda_driver_version,
+            "probe_runtime": self.probe_runtime,
         }
 
 
@@ -422,7 +435,9 @@ def discover(fs: "HostFS", gpus: "GpuBackend | Iterable[GpuInfo] | None" = None)
             dev = PciDevice(addr, "gpu", NVIDIA_VENDOR, "", "", None, "unknown", frozenset(),
                             info.pcie_link_gen_current, info.pcie_link_gen_max,
                             info.pcie_link_width_current, info.pcie_link_width_max, ())
-        matched[addr] = _with(dev, gpu_index=info.index, gpu_name=info.name, gpu_uuid=info.uuid)
+        matched[addr] = _with(dev, gpu_index=info.index, gpu_name=info.name, gpu_uuid=info.uuid,
+                              mig_mode=getattr(info, "mig_mode", None),
+                              mig_mode_pending=getattr(info, "mig_mode_pending", None))
     for d in gpu_devs:
         matched.setdefault(d.address, d)
     final_gpus = sorted(matched.values(),
@@ -457,10 +472,27 @@ def discover(fs: "HostFS", gpus: "GpuBackend | Iterable[GpuInfo] | None" = None)
             continue
         local_nics[g.address] = tuple(_nic_name(n) for n in nic_devs if n.numa_node == g.numa_node)
 
+    driver, cuda = _driver_versions(backend, warnings)
+    from .gpu.cuda import probe_framework_build
+
     return Topology(
         numa_nodes=nodes, cpus_online=cpus_online, sockets=sockets, cpu_model=model,
         gpus=tuple(final_gpus), nics=tuple(nic_devs), gpu_local_nics=local_nics, warnings=tuple(warnings),
+        driver_version=driver, cuda_driver_version=cuda, probe_runtime=probe_framework_build().as_dict(),
     )
+
+
+def _driver_versions(backend: Any, warnings: list[str]) -> tuple[str | None, str | None]:
+    if backend is None:
+        return None, None
+    out = []
+    for what in ("driver_version", "cuda_driver_version"):
+        try:
+            out.append(getattr(backend, what)())
+        except Exception as exc:  # a backend error is a warning here, never a failed discovery
+            warnings.append(f"GPU backend: {what} unavailable: {exc}")
+            out.append(None)
+    return out[0], out[1]
 
 
 def _with_virtio_irqs(fs: "HostFS", nics: list[PciDevice], warnings: list[str]) -> list[PciDevice]:

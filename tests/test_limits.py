@@ -16,6 +16,13 @@ from tests.conftest import snapshot_tree
 from tests.fixtures.hostgen import proc_limits
 
 
+def small(make_host, memlock: str = "8388608"):
+    """small-2cpu with containerd's locked-memory limit set to ``memlock``."""
+    root = make_host("small-2cpu")
+    (root / "proc/1187/limits").write_text(proc_limits(memlock))
+    return root
+
+
 def rows_of(root, profile):
     return [r for r in audit(make_context(HostFS(root), profile, None)).settings if r.id == "limits.memlock"]
 
@@ -25,7 +32,7 @@ def floor(value) -> Profile:
 
 
 def test_systemd_default_8mib_is_below_the_shipped_floor(make_host):
-    root = make_host("small-2cpu")  # containerd (pid 1187) with systemd's default 8 MiB
+    root = make_host("irqbalance")  # containerd (pid 1187) with systemd's default 8 MiB
     (row,) = rows_of(root, load_profile("training"))
     assert (row.target, row.current, row.desired, row.status) == ("containerd", "8388608", "≥ unlimited", "drift")
     assert row.detail.startswith("8388608 < unlimited: containers started by containerd (pid 1187) inherit it")
@@ -34,7 +41,7 @@ def test_systemd_default_8mib_is_below_the_shipped_floor(make_host):
 
 
 def test_read_only_apply_never_writes_and_reports_not_compliant(make_host):
-    root = make_host("small-2cpu")
+    root = small(make_host)
     before = (root / "proc/1187/limits").read_bytes()
     prof = floor("unlimited")
     ctx = make_context(HostFS(root), prof, None)
@@ -59,7 +66,7 @@ def test_an_unlimited_runtime_passes(tmp_path_factory):
 
 @pytest.mark.parametrize("value,status", [("64M", "drift"), ("8MiB", "ok"), (4194304, "ok"), ("1G", "drift")])
 def test_byte_floors(make_host, value, status):
-    root = make_host("small-2cpu")
+    root = small(make_host)
     (row,) = rows_of(root, floor(value))
     assert row.status == status
 
@@ -81,7 +88,7 @@ def test_several_runtimes_and_the_hard_limit(make_host):
 
 
 def test_no_runtime_is_unsupported_and_unreadable_limits_an_error(make_host):
-    root = make_host("small-2cpu")
+    root = small(make_host)
     (root / "proc/1187/limits").unlink()
     (row,) = rows_of(root, floor("unlimited"))
     assert (row.target, row.status) == ("containerd", "error") and "/proc/1187/limits" in row.detail
@@ -93,7 +100,7 @@ def test_no_runtime_is_unsupported_and_unreadable_limits_an_error(make_host):
 def test_lowest_pid_is_the_runtime(make_host):
     """A nested runtime (a kind node, a test container) runs under the host's: the host's is the
     oldest process of that name."""
-    root = make_host("small-2cpu")
+    root = small(make_host)
     (root / "proc/9000").mkdir()
     (root / "proc/9000/comm").write_text("containerd\n")
     (root / "proc/9000/limits").write_text(proc_limits("unlimited"))
@@ -102,7 +109,7 @@ def test_lowest_pid_is_the_runtime(make_host):
 
 
 def test_the_fixture_tree_is_untouched_by_audit(make_host):
-    root = make_host("small-2cpu")
+    root = small(make_host)
     before = snapshot_tree(root)
     rows_of(root, load_profile("training"))
     assert snapshot_tree(root) == before

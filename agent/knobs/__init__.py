@@ -6,7 +6,9 @@ from .allocator import AllocatorKnob
 from .base import Context, Knob
 from .cpu_cstates import CpuCstatesKnob
 from .cpu_governor import CpuGovernorKnob
+from .gpu_mig import GpuMigKnob
 from .gpu_persistence import GpuPersistenceKnob
+from .gpudirect import GpuDirectKnob
 from .irq_affinity import IrqAffinityKnob
 from .limits import MemlockKnob
 from .sysctl import SysctlKnob
@@ -21,6 +23,8 @@ KNOBS: tuple[Knob, ...] = (
     IrqAffinityKnob(),
     AllocatorKnob(),
     MemlockKnob(),
+    GpuMigKnob(),
+    GpuDirectKnob(),
 )
 
 # Journal entries name the family that wrote them (revert finds the knob by it).
