@@ -113,3 +113,18 @@ def test_the_fixture_tree_is_untouched_by_audit(make_host):
     before = snapshot_tree(root)
     rows_of(root, load_profile("training"))
     assert snapshot_tree(root) == before
+
+
+def test_enforce_mode_keeps_the_remedy_of_a_read_only_row(make_host):
+    """The agent re-applies drift at most every 5 minutes and says so in the row; a read-only
+    check is never re-applied, so its row keeps the remedy pass after pass."""
+    from agent.service import Agent, ServeOptions, default_stages
+
+    root = small(make_host)
+    st = default_stages(ServeOptions(root=str(root), gpu_backend="none", no_kube=True))
+    agent = Agent(st, mode="enforce", probe_enabled=False)
+    for _ in range(2):
+        snap = agent.run_pass()
+        row = next(s for s in snap.audit["settings"] if s["id"] == "limits.memlock")
+        assert row["status"] == "drift" and "LimitMEMLOCK=infinity" in row["detail"], row
+    st.close()
