@@ -54,6 +54,26 @@ class Context:
         return self._cache[key]
 
 
+def on_off(flag: bool | None) -> str | None:
+    return None if flag is None else ("on" if flag else "off")
+
+
+def gpus_or_reason(ctx: Context, sid: str, desired: str, *, fresh: bool = False) -> tuple[list[Any], list[Setting]]:
+    """The GPUs a per-GPU knob judges, or else the one row (target ``-``) that says why there
+    are none: no backend or driver (``unsupported``), the backend failing (``error``).
+    ``fresh`` reads the backend again (a verify after apply must see the new state)."""
+    backend = ctx.gpu
+    if backend is None or backend.name == "none":
+        return [], [Setting(sid, "-", None, desired, "unsupported", "no NVIDIA GPU/driver")]
+    try:
+        infos = list(backend.gpus()) if fresh else ctx.gpu_infos()
+    except Exception as exc:  # a backend failure is a row, not a crash
+        return [], [Setting(sid, "-", None, desired, "error", f"GPU backend: {exc}")]
+    if not infos:
+        return [], [Setting(sid, "-", None, desired, "unsupported", "no NVIDIA GPU/driver")]
+    return infos, []
+
+
 def process_table(ctx: Context) -> dict[str, tuple[int, ...]]:
     """``comm`` -> pids (ascending) of every process under ``/proc``, read once per context."""
 

@@ -13,11 +13,10 @@ named in the detail. A GPU without MIG (not an A100/A30/H100/H200/B200-class par
 from __future__ import annotations
 
 from ..model import Setting
-from .base import Context, Knob
+from .base import Context, Knob, gpus_or_reason, on_off
 
 
-def _word(on: bool | None) -> str | None:
-    return None if on is None else ("on" if on else "off")
+_word = on_off
 
 
 def remedy(index: int, want_on: bool) -> str:
@@ -40,15 +39,9 @@ class GpuMigKnob(Knob):
     def read(self, ctx: Context) -> list[Setting]:
         want = bool(ctx.profile.gpu.mig_mode)
         desired = _word(want) or "off"
-        backend = ctx.gpu
-        if backend is None or backend.name == "none":
-            return [Setting("gpu.mig_mode", "-", None, desired, "unsupported", "no NVIDIA GPU/driver")]
-        try:
-            infos = ctx.gpu_infos()
-        except Exception as exc:  # a backend failure is a row, not a crash
-            return [Setting("gpu.mig_mode", "-", None, desired, "error", f"GPU backend: {exc}")]
-        if not infos:
-            return [Setting("gpu.mig_mode", "-", None, desired, "unsupported", "no NVIDIA GPU/driver")]
+        infos, reason = gpus_or_reason(ctx, "gpu.mig_mode", desired)
+        if reason:
+            return reason
         rows = []
         for info in infos:
             target = str(info.index)
