@@ -106,6 +106,16 @@ def test_one_cpu_without_cpuidle(make_host):
     assert "no cpuidle for this CPU" in rows[1].detail
 
 
+def test_a_missing_disable_file_is_unsupported_an_unreadable_one_an_error(make_host):
+    root = make_host("small-2cpu")
+    (root / f"{CPU}/cpu1/cpuidle/state3/disable").unlink()
+    (root / f"{CPU}/cpu0/cpuidle/state3/disable").unlink()
+    (root / f"{CPU}/cpu0/cpuidle/state3/disable").mkdir()
+    rows = rows_of(root, prof(10))
+    assert [(r.target, r.status) for r in rows] == [("cpu0", "error"), ("cpu1", "unsupported")]
+    assert "no such file" in rows[1].detail
+
+
 def test_kernel_command_line_is_reported_never_changed(make_host):
     import shutil
 

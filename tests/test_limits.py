@@ -89,9 +89,13 @@ def test_several_runtimes_and_the_hard_limit(make_host):
 
 def test_no_runtime_is_unsupported_and_unreadable_limits_an_error(make_host):
     root = small(make_host)
-    (root / "proc/1187/limits").unlink()
+    (root / "proc/1187/limits").unlink()  # the process exited after its comm was read
     (row,) = rows_of(root, floor("unlimited"))
-    assert (row.target, row.status) == ("containerd", "error") and "/proc/1187/limits" in row.detail
+    assert (row.target, row.status) == ("containerd", "unsupported") and "/proc/1187/limits" in row.detail
+    (root / "proc/1187/limits").mkdir()  # there but unreadable
+    (row,) = rows_of(root, floor("unlimited"))
+    assert (row.target, row.status) == ("containerd", "error") and "is a directory" in row.detail
+    (root / "proc/1187/limits").rmdir()
     shutil.rmtree(root / "proc/1187")
     (row,) = rows_of(root, floor("unlimited"))
     assert (row.target, row.status) == ("-", "unsupported") and "no container runtime process" in row.detail

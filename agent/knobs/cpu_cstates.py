@@ -116,6 +116,9 @@ class CpuCstatesKnob(Knob):
                 if not ctx.fs.is_dir(base):
                     return Setting("cpu.cstates", target, None, desired, "unsupported",
                                    "; ".join(x for x in ("no cpuidle for this CPU", note) if x))
+                if not ctx.fs.exists(path):
+                    return Setting("cpu.cstates", target, None, desired, "unsupported",
+                                   f"{path}: no such file (this CPU lacks {s.name})")
                 return Setting("cpu.cstates", target, None, desired, "error", f"{path}: unreadable")
             if flag.strip() == "0":
                 enabled.append((s, path))

@@ -60,7 +60,11 @@ class MemlockKnob(Knob):
             try:
                 limits = parse_limits(ctx.fs.read_text(path))
             except HostError as exc:
-                rows.append(Setting("limits.memlock", comm, None, desired, "error", str(exc), path))
+                if not ctx.fs.exists(path):  # the process went away between the two reads
+                    rows.append(Setting("limits.memlock", comm, None, desired, "unsupported",
+                                        f"{path}: no such file ({comm} pid {pid} exited?)", path))
+                else:
+                    rows.append(Setting("limits.memlock", comm, None, desired, "error", str(exc), path))
                 continue
             lim = limits.get(LIMIT)
             if lim is None:
