@@ -18,7 +18,7 @@ from .errors import GpuTuneError, HostError, UnsupportedWrite
 from .gpu.base import GpuError
 from .hostfs import HostFS
 from .journal import JOURNAL, Journal, locked
-from .knobs import BY_FAMILY, KNOBS, Context, Knob
+from .knobs import BY_FAMILY, KNOBS, Context, Knob, fixable, knob_for
 from .model import Report, Setting
 
 log = logging.getLogger("gpu_tune")
@@ -43,8 +43,7 @@ def make_context(fs: HostFS, profile, gpu_backend=None) -> Context:
 
 
 def _knob_for(row_id: str) -> Knob | None:
-    family = row_id.split(".", 1)[0]
-    return BY_FAMILY.get(family)
+    return knob_for(row_id)
 
 
 def audit(ctx: Context, knobs: Sequence[Knob] = KNOBS) -> Report:
@@ -61,8 +60,10 @@ def audit(ctx: Context, knobs: Sequence[Knob] = KNOBS) -> Report:
 
 
 def plan(rows: Iterable[Setting], only: Collection[tuple[str, str]] | None = None) -> tuple[Setting, ...]:
-    """Pure: which rows apply should change: those that drift (and, given ``only``, are in it)."""
-    return tuple(r for r in rows if r.status == "drift" and (only is None or (r.id, r.target) in only))
+    """Pure: which rows apply should change: those that drift, belong to a knob that writes
+    (read-only checks are reported, never changed) and, given ``only``, are in it."""
+    return tuple(r for r in rows if r.status == "drift" and fixable(r.id)
+                 and (only is None or (r.id, r.target) in only))
 
 
 def _key(row: Setting) -> tuple[str, str]:
@@ -72,8 +73,9 @@ def _key(row: Setting) -> tuple[str, str]:
 def dry_run(report: Report) -> Report:
     rows = []
     for r in report.settings:
-        if r.status == "drift":
-            r = r.with_(changed=False, detail=r.detail or f"would change {r.current} -> {r.desired}")
+        knob = _knob_for(r.id)
+        if r.status == "drift" and knob is not None and knob.writable:
+            r = r.with_(changed=False, detail=r.detail or f"would change {r.current} -> {knob.planned(r)}")
         else:
             r = r.with_(changed=False)
         rows.append(r)

@@ -66,23 +66,45 @@ COMPONENT = "gpu-tune"
 
 
 # -- results ----------------------------------------------------------------------------------
+GPU_RESOURCE = "nvidia.com/gpu"  # the NVIDIA device plugin's extended resource
+
+
 @dataclass(frozen=True)
 class PublishResult:
     """One publish pass: ``writes`` write calls made (attempts included), ``changed`` what
-    changed (or would, on a dry run), ``ok`` and ``detail`` for the ``publish`` check."""
+    changed (or would, on a dry run), ``ok`` and ``detail`` for the ``publish`` check.
+
+    ``node_read`` says whether the Node was read this pass; ``gpu_capacity`` and
+    ``gpu_allocatable`` are its ``status.capacity`` / ``status.allocatable`` of
+    ``nvidia.com/gpu`` as read (None: the Node has no such resource, i.e. no device plugin) —
+    the facts the ``gpu.allocatable`` readiness check judges."""
 
     writes: int
     changed: list[str]
     ok: bool
     detail: str
     reads: int = 0
+    node_read: bool = False
+    gpu_capacity: int | None = None
+    gpu_allocatable: int | None = None
 
     def as_check(self) -> dict[str, Any]:
         return {"name": "publish", "ok": self.ok, "detail": self.detail}
 
     def as_dict(self) -> dict[str, Any]:
         return {"ok": self.ok, "detail": self.detail, "writes": self.writes, "reads": self.reads,
-                "changed": list(self.changed)}
+                "changed": list(self.changed), "node_read": self.node_read,
+                "gpu_capacity": self.gpu_capacity, "gpu_allocatable": self.gpu_allocatable}
+
+
+def resource_count(node: dict[str, Any], where: str, resource: str = GPU_RESOURCE) -> int | None:
+    """An extended resource's count in the Node's ``status.capacity`` or ``status.allocatable``
+    (a quantity string such as ``"8"``); None when absent or not a whole number."""
+    value = ((node.get("status") or {}).get(where) or {}).get(resource)
+    if value is None:
+        return None
+    text = str(value).strip()
+    return int(text) if text.isdigit() else None
 
 
 class Publisher(Protocol):
@@ -240,6 +262,14 @@ class _Pass:
     reads: int = 0
     writes: int = 0
     changed: list[str] = field(default_factory=list)
+    node: dict[str, Any] | None = None  # the Node as last read this pass
+
+    def result(self, ok: bool, detail: str) -> PublishResult:
+        node = self.node
+        return PublishResult(writes=self.writes, changed=self.changed, ok=ok, detail=detail, reads=self.reads,
+                             node_read=node is not None,
+                             gpu_capacity=None if node is None else resource_count(node, "capacity"),
+                             gpu_allocatable=None if node is None else resource_count(node, "allocatable"))
 
 
 def _api_message(exc: Any) -> str:
@@ -351,6 +381,7 @@ class KubePublisher:
         node = self._call(ctx, "get", "nodes", lambda: self._api.read_node(
             self.node, _preload_content=False, _request_timeout=self._timeout), write=False)
         self._node_cache = node
+        ctx.node = node
         return node
 
     # -- one pass ----------------------------------------------------------------------------
@@ -360,7 +391,7 @@ class KubePublisher:
             ctx = _Pass()
             try:
                 detail = self._publish(want, ctx, dry_run)
-                return PublishResult(writes=ctx.writes, changed=ctx.changed, ok=True, detail=detail, reads=ctx.reads)
+                return ctx.result(True, detail)
             except _Failed as f:
                 detail = f.detail
             except Exception as exc:  # noqa: BLE001 - a failed publish is a check row, never a crash
@@ -368,7 +399,7 @@ class KubePublisher:
                 first = str(exc).strip().splitlines()[0][:300] if str(exc).strip() else ""
                 detail = f"unexpected {type(exc).__name__}: {first}".rstrip(": ")
             log.warning("publish to node %s failed: %s", self.node, detail)
-            return PublishResult(writes=ctx.writes, changed=ctx.changed, ok=False, detail=detail, reads=ctx.reads)
+            return ctx.result(False, detail)
 
     def _publish(self, want: NodeWant, ctx: _Pass, dry_run: bool) -> str:
         node = self._read_node(ctx)

@@ -129,6 +129,9 @@ class IrqLine:
     total: int
     chip: str
     name: str
+    # Every handler ("action") named on the line: a shared line lists them comma-separated
+    # ("uhci_hcd:usb1, virtio2"); a virtio device's queues are "virtio2-input.0", ...
+    names: tuple[str, ...] = ()
 
 
 def parse_interrupts(text: str) -> dict[str, IrqLine]:
@@ -158,8 +161,22 @@ def parse_interrupts(text: str) -> dict[str, IrqLine]:
         rest = fields[1 + n:]
         chip = rest[0] if rest else ""
         name = rest[-1] if len(rest) > 1 else ""
-        out[irq] = IrqLine(irq, total, chip, name)
+        # the handler names end the line; after the chip comes at least the hwirq/type word
+        names: list[str] = []
+        for tok in reversed(rest[2:]):
+            if names and not tok.endswith(","):
+                break
+            names.append(tok.rstrip(","))
+        out[irq] = IrqLine(irq, total, chip, name, tuple(reversed(names)))
     return out
+
+
+def irqs_named(lines: dict[str, IrqLine], device: str) -> list[int]:
+    """The IRQs whose handler is ``device`` or one of its queues (``device-...``), e.g. the
+    ``virtio2``, ``virtio2-config``, ``virtio2-input.0`` lines of a virtio device."""
+    prefix = device + "-"
+    return sorted(int(ln.irq) for ln in lines.values() if ln.irq.isdigit()
+                  and any(n == device or n.startswith(prefix) for n in ln.names))
 
 
 # -- PCIe link speed: "16.0 GT/s PCIe" -> gen 4 -------------------------------------------------
@@ -206,3 +223,34 @@ def parse_int(text: str | None, default: int | None = None) -> int | None:
         return int(text.strip(), 0)
     except ValueError:
         return default
+
+
+# -- /proc/<pid>/limits --------------------------------------------------------------------------
+@dataclass(frozen=True)
+class Rlimit:
+    soft: int | None  # None: unlimited
+    hard: int | None
+    units: str
+
+
+_LIMIT_RE = re.compile(r"^(Max [a-z ]+?)\s{2,}(\S+)\s+(\S+)\s*(\S*)\s*$")
+
+
+def parse_limits(text: str) -> dict[str, Rlimit]:
+    """``/proc/<pid>/limits`` -> {"Max locked memory": Rlimit(soft, hard, "bytes"), ...};
+    ``unlimited`` is None. Lines that do not parse are skipped."""
+    out: dict[str, Rlimit] = {}
+    for line in text.splitlines():
+        m = _LIMIT_RE.match(line)
+        if not m:
+            continue
+        name, soft, hard, units = m.groups()
+
+        def val(v: str) -> int | None:
+            return None if v == "unlimited" else int(v) if v.isdigit() else -1
+
+        s, h = val(soft), val(hard)
+        if s == -1 or h == -1:
+            continue
+        out[name] = Rlimit(s, h, units)
+    return out

@@ -40,6 +40,13 @@ SYSCTL_RANGES: dict[str, tuple[int, int]] = {
     "kernel.watchdog": (0, 1),
 }
 
+# RLIM_INFINITY as the kernel keeps it: the value of "unlimited" in a limit bound.
+UNLIMITED = 2**64 - 1
+_SIZE_RE = re.compile(r"^([0-9]+)\s*([kmgt]?)(i?b)?$", re.IGNORECASE)
+_SIZE_UNITS = {"": 1, "k": 1024, "m": 1024**2, "g": 1024**3, "t": 1024**4}
+BOUND_KEYS = ("min", "max")
+_BOUND_HINT = "a bound is {min: N} (at least), {max: N} (at most) or both"
+
 GOVERNORS = ("performance", "schedutil", "ondemand", "conservative", "powersave", "userspace")
 THP_ENABLED = ("always", "madvise", "never")
 THP_DEFRAG = ("always", "defer", "defer+madvise", "madvise", "never")
@@ -50,14 +57,104 @@ class _Strict(BaseModel):
     model_config = ConfigDict(extra="forbid", frozen=True)
 
 
+def format_limit(value: int) -> str:
+    return "unlimited" if value >= UNLIMITED else str(value)
+
+
+class Bound(_Strict):
+    """A numeric setting that is a floor and/or a ceiling, not an exact value.
+
+    Written ``{min: N}`` (at least N), ``{max: N}`` (at most N) or both. A current value that
+    satisfies it is ``ok`` and is never moved; one outside it is set to the nearest end.
+    """
+
+    min: int | None = None
+    max: int | None = None
+
+    def describe(self) -> str:
+        """``≥ 1048576``, ``≤ 200``, ``≥ 10, ≤ 200``."""
+        parts = []
+        if self.min is not None:
+            parts.append(f"≥ {format_limit(self.min)}")
+        if self.max is not None:
+            parts.append(f"≤ {format_limit(self.max)}")
+        return ", ".join(parts)
+
+    def judge(self, value: int) -> tuple[bool, str, int | None]:
+        """(satisfied, the comparison in words, the value to set when not satisfied)."""
+        v = format_limit(value)
+        if self.min is not None and value < self.min:
+            return False, f"{v} < {format_limit(self.min)}", self.min
+        if self.max is not None and value > self.max:
+            return False, f"{v} > {format_limit(self.max)}", self.max
+        held = []
+        if self.min is not None:
+            held.append(f"{v} ≥ {format_limit(self.min)}")
+        if self.max is not None:
+            held.append(f"{v} ≤ {format_limit(self.max)}")
+        return True, " and ".join(held), None
+
+
+def parse_size(text: Any) -> int:
+    """``unlimited``, ``65536``, ``64K``, ``8MiB``, ``1g`` -> bytes (powers of 1024)."""
+    if isinstance(text, bool):
+        raise ValueError(f"expected a size, got {text!r}")
+    if isinstance(text, int):
+        if text < 0:
+            raise ValueError(f"expected a size, got {text!r}")
+        return text
+    t = str(text).strip()
+    if t.lower() in ("unlimited", "infinity"):
+        return UNLIMITED
+    m = _SIZE_RE.match(t)
+    if not m:
+        raise ValueError(f"expected a size in bytes, with K/M/G/T, or unlimited, got {text!r}")
+    return min(int(m.group(1)) * _SIZE_UNITS[m.group(2).lower()], UNLIMITED)
+
+
+def parse_bound(key: str, raw: Any, *, sizes: bool = False, lo: int | None = None,
+                hi: int | None = None) -> Bound:
+    """``{min: N, max: M}`` -> :class:`Bound`, or ValueError naming ``key`` (one line; ``key``
+    may be empty when the caller's location already names the setting)."""
+    at = f"{key}: " if key else ""
+    if not isinstance(raw, dict) or not raw:
+        raise ValueError(f"{at}expected {{min: N}} or {{max: N}}, got {raw!r} ({_BOUND_HINT})")
+    unknown = [k for k in raw if k not in BOUND_KEYS]
+    if unknown:
+        raise ValueError(f"{at}unknown key {unknown[0]!r} ({_BOUND_HINT})")
+    vals: dict[str, int] = {}
+    for k, v in raw.items():
+        where = f"{key}.{k}" if key else k
+        if sizes:
+            try:
+                vals[k] = parse_size(v)
+            except ValueError as exc:
+                raise ValueError(f"{where}: {exc}") from None
+        elif isinstance(v, bool) or not isinstance(v, int):
+            raise ValueError(f"{where}: expected an integer, got {v!r}")
+        else:
+            vals[k] = v
+        if lo is not None and hi is not None and not lo <= vals[k] <= hi:
+            raise ValueError(f"{where}: {vals[k]} is out of range {lo}..{hi}")
+    if "min" in vals and "max" in vals and vals["min"] > vals["max"]:
+        raise ValueError(f"{at}min {vals['min']} is greater than max {vals['max']}")
+    return Bound(**vals)
+
+
 class ThpPolicy(_Strict):
     enabled: Literal["always", "madvise", "never"] | None = None
     defrag: Literal["always", "defer", "defer+madvise", "madvise", "never"] | None = None
 
 
+class CstatesPolicy(_Strict):
+    # Idle states whose exit latency exceeds this many microseconds are disabled per CPU.
+    max_latency_us: int = Field(ge=0, le=10_000_000)
+
+
 class CpuPolicy(_Strict):
     # Fallback order: the first governor the driver offers is the one wanted.
     governor: list[Literal["performance", "schedutil", "ondemand", "conservative", "powersave", "userspace"]] | None = None
+    cstates: CstatesPolicy | None = None
 
     @field_validator("governor", mode="before")
     @classmethod
@@ -72,6 +169,12 @@ class GpuPolicy(_Strict):
     # nvidia-persistenced owns persistence mode on recent drivers: "report" (conflict row
     # when it is not running and mode is off) or "ignore" (set it through NVML regardless).
     persistenced: Literal["prefer", "ignore"] = "prefer"
+    # MIG wanted on (true) or off (false) on every GPU; null: not checked. Read-only.
+    mig_mode: bool | None = None
+    # nvidia_peermem loaded when an RDMA NIC shares a NUMA node with a GPU. Read-only.
+    gpudirect_rdma: bool = False
+    # nvidia_fs (GPUDirect Storage) loaded. Read-only.
+    gds: bool = False
 
 
 class IrqPolicy(_Strict):
@@ -113,6 +216,23 @@ class AllocatorPolicy(_Strict):
         return v
 
 
+class LimitsPolicy(_Strict):
+    # RLIMIT_MEMLOCK of the container runtime (containers inherit it): {min: SIZE|unlimited}.
+    memlock: Bound | None = None
+
+    @field_validator("memlock", mode="before")
+    @classmethod
+    def _memlock(cls, v: Any) -> Any:
+        if v is None or isinstance(v, Bound):
+            return v
+        if not isinstance(v, dict):
+            raise ValueError(f"a limit is a floor: write {{min: {v}}} (or {{min: unlimited}}), got {v!r}")
+        b = parse_bound("", v, sizes=True)
+        if b.max is not None:
+            raise ValueError("only a floor {min: SIZE} is checked; a ceiling would lower what pinned buffers need")
+        return b
+
+
 class ProbePolicy(_Strict):
     # Test accuracy after the fixed amount of work below (never after a time box).
     accuracy_min: float = Field(0.9, ge=0.0, le=1.0)
@@ -149,35 +269,47 @@ class ReadinessPolicy(_Strict):
     require_probe: bool = True
     taint: bool = True  # put the startup taint back when readiness is lost
     max_temperature_c: float = Field(87.0, gt=0, le=120)
+    # A node without nvidia.com/gpu capacity (no device plugin) fails gpu.allocatable only if true.
+    require_device_plugin: bool = False
 
 
 class Profile(_Strict):
     name: str
     summary: str = ""
-    sysctl: dict[str, int | str] = Field(default_factory=dict)
+    sysctl: dict[str, int | str | Bound] = Field(default_factory=dict)
     thp: ThpPolicy = Field(default_factory=ThpPolicy)
     cpu: CpuPolicy = Field(default_factory=CpuPolicy)
     gpu: GpuPolicy = Field(default_factory=GpuPolicy)
     irq: IrqPolicy = Field(default_factory=IrqPolicy)
     allocator: AllocatorPolicy = Field(default_factory=AllocatorPolicy)
+    limits: LimitsPolicy = Field(default_factory=LimitsPolicy)
     probe: ProbePolicy = Field(default_factory=ProbePolicy)
     readiness: ReadinessPolicy = Field(default_factory=ReadinessPolicy)
 
-    @field_validator("sysctl")
+    @field_validator("sysctl", mode="before")
     @classmethod
-    def _sysctl(cls, v: dict[str, Any]) -> dict[str, Any]:
+    def _sysctl(cls, v: Any) -> Any:
+        if not isinstance(v, dict):
+            return v  # the type check names it
+        out: dict[str, Any] = {}
         for key, value in v.items():
-            if not SYSCTL_KEY_RE.match(key):
+            if not isinstance(key, str) or not SYSCTL_KEY_RE.match(key):
                 raise ValueError(f"{key!r} is not a sysctl key (expected e.g. vm.swappiness)")
-            if isinstance(value, bool):
-                raise ValueError(f"{key}: expected a number or string, got {value!r}")
-            if key in SYSCTL_RANGES:
-                lo, hi = SYSCTL_RANGES[key]
+            lo, hi = SYSCTL_RANGES.get(key, (None, None))
+            if isinstance(value, (dict, Bound)):
+                out[key] = value if isinstance(value, Bound) else parse_bound(key, value, lo=lo, hi=hi)
+                continue
+            if isinstance(value, bool) or not isinstance(value, (int, str)):
+                raise ValueError(f"{key}: expected a number, a string or a bound, got {value!r}")
+            if isinstance(value, str) and value.strip()[:1] in ("<", ">", "=", "≥", "≤"):
+                raise ValueError(f"{key}: {value!r}: write a bound as {{min: N}} or {{max: N}}")
+            if lo is not None and hi is not None:
                 if not isinstance(value, int):
                     raise ValueError(f"{key}: expected an integer, got {value!r}")
                 if not lo <= value <= hi:
                     raise ValueError(f"{key}: {value} is out of range {lo}..{hi}")
-        return v
+            out[key] = value
+        return out
 
     @model_validator(mode="after")
     def _name(self) -> "Profile":

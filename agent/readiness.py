@@ -10,6 +10,13 @@ Checks (names are stable; they are the ``check`` label of ``gpu_tune_check_ok``)
   :data:`BUSY_UTILIZATION_PERCENT`; idle GPUs lower the generation to save power, which the
   passing check's detail notes), not slowed down for thermal reasons and not above
   ``readiness.max_temperature_c``;
+- ``gpu.driver_cuda``    the CUDA version the NVIDIA driver supports is at least the one the
+  probe's TensorFlow was built for (listed when the node has NVIDIA GPUs; a CPU-only or missing
+  TensorFlow, or a version that cannot be read, is ok with the reason in the detail);
+- ``gpu.allocatable``    the Node's ``status.capacity["nvidia.com/gpu"]`` (read by the publisher)
+  is at least the GPUs the host has, MIG-enabled ones left out as the device plugin's ``mixed``
+  strategy does (listed when the node has GPUs; without Kubernetes, or without the device
+  plugin's resource, ok with the reason, unless ``readiness.require_device_plugin``);
 - ``topology.published`` topology discovered and the node labels/condition written (or Kubernetes
   publishing switched off);
 - ``probe.<gpu>.passed`` per probe target (``probe.cpu.passed`` for the CPU run), or ``probe.ran``
@@ -51,6 +58,10 @@ MAX_LISTED = 5  # rows named in one detail before "and N more"
 BUSY_UTILIZATION_PERCENT = 50  # the same threshold as the PCIe alert rule
 
 
+# Condition reasons of checks that are not about one GPU's health.
+CHECK_REASONS = {"gpu.driver_cuda": "DriverTooOldForCuda", "gpu.allocatable": "DevicePluginMissingGpus"}
+
+
 @dataclass(frozen=True)
 class Check:
     name: str
@@ -75,6 +86,8 @@ class Verdict:
         if self.ready:
             return "AllChecksPassed"
         first = self.failed[0].name if self.failed else "unknown"
+        if first in CHECK_REASONS:
+            return CHECK_REASONS[first]
         head = first.split(".")[0]
         return {"tuning": "TuningNotCompliant", "gpu": "GpuUnhealthy", "topology": "NotPublished",
                 "probe": "ProbeFailed"}.get(head, "NotReady")
@@ -118,7 +131,10 @@ def tuning_check(audit: Mapping[str, Any] | None, *, required: bool = True, erro
     for s in bad:
         what = f"{s.get('id')}[{s.get('target')}] {s.get('status')}"
         if s.get("status") == "drift":
-            what += f": {s.get('current')!s} != {s.get('desired')!s}"
+            desired = str(s.get("desired"))
+            # a bound or a budget ("≥ 1048576", "≤ 10 µs") reads as what is wanted, not a value
+            rel = "wants" if desired[:1] in ("≥", "≤") else "!="
+            what += f": {s.get('current')!s} {rel} {desired}"
         elif s.get("detail"):
             what += f": {s.get('detail')}"
         parts.append(what)
@@ -235,6 +251,78 @@ def gpu_checks(gpus: Iterable[Any], *, want_persistence: bool = False,
     return out
 
 
+def driver_cuda_check(topology: Mapping[str, Any] | None, gpus: Sequence[Any] = ()) -> Check | None:
+    """The driver's CUDA version (NVML) against the CUDA version the probe's TensorFlow was built
+    for (``topology["probe_runtime"]``). Not listed on a node without NVIDIA GPUs."""
+    from .gpu.cuda import cuda_major_minor
+
+    name = "gpu.driver_cuda"
+    topo = topology or {}
+    driver = topo.get("cuda_driver_version")
+    if "probe_runtime" not in topo or (driver is None and not gpus and not topo.get("gpus")):
+        return None  # no facts (no topology yet), or no NVIDIA GPU
+    rt = topo.get("probe_runtime") or {}
+    fw = rt.get("framework") or "tensorflow"
+    if not rt.get("found"):
+        return Check(name, True, f"not compared: the probe's {fw} is not installed"
+                                 + (f" (driver supports CUDA {driver})" if driver else ""))
+    if rt.get("error"):
+        return Check(name, True, f"not compared: the probe's {fw} build is unknown ({rt['error']})")
+    if not rt.get("is_cuda_build"):
+        return Check(name, True, f"not compared: the probe's {fw} is a CPU-only build (it cannot use the "
+                                 f"GPUs; install a CUDA build, e.g. tensorflow[and-cuda])"
+                                 + (f"; driver supports CUDA {driver}" if driver else ""))
+    built = rt.get("cuda_version")
+    have, need = cuda_major_minor(driver), cuda_major_minor(built)
+    if driver is None:
+        return Check(name, True, f"not compared: the driver's CUDA version is unknown (the probe's {fw} "
+                                 f"was built for CUDA {built})")
+    if have is None or need is None:
+        return Check(name, True, f"not compared: cannot read CUDA versions (driver {driver!r}, {fw} {built!r})")
+    if have < need:
+        return Check(name, False, f"the NVIDIA driver supports CUDA {driver}, older than CUDA {built} the probe's "
+                                  f"{fw} was built for: upgrade the driver to one that supports CUDA "
+                                  f"{need[0]}.{need[1]} or newer, or use a {fw} built for CUDA {driver} or older")
+    return Check(name, True, f"the driver supports CUDA {driver}, the probe's {fw} was built for CUDA {built}")
+
+
+def allocatable_check(gpus: Sequence[Any], publish: Any, *, required: bool = False) -> Check | None:
+    """``status.capacity["nvidia.com/gpu"]`` of this Node (from the publisher's read) against the
+    GPUs the host has, MIG-enabled GPUs left out (the device plugin offers those as
+    ``nvidia.com/mig-*`` devices). Not listed without GPUs or before anything was published."""
+    name = "gpu.allocatable"
+    gpus = list(gpus or [])
+    if not gpus or publish is None or _get(publish, "node_read") is None:
+        return None  # no GPUs, or nothing published (read) yet
+    mig = sorted(_get(g, "index") for g in gpus if _get(g, "mig_mode") is True)
+    expected = len(gpus) - len(mig)
+    host = f"{len(gpus)} GPU(s) on the host" + (f", {len(mig)} of them in MIG mode (GPU {', '.join(map(str, mig))})"
+                                                  if mig else "")
+    if not _get(publish, "node_read", False):
+        why = str(_get(publish, "detail", "") or "")
+        if why.startswith("kubernetes publishing off"):
+            return Check(name, True, f"not checked: {why}")
+        return Check(name, True, "not checked: the Node could not be read (see topology.published)")
+    cap = _get(publish, "gpu_capacity")
+    alloc = _get(publish, "gpu_allocatable")
+    if cap is None:
+        detail = f"the Node has no nvidia.com/gpu capacity: no NVIDIA device plugin runs on it ({host})"
+        if required:
+            return Check(name, False, detail + ": deploy the device plugin (the GPU Operator), "
+                                               "readiness.require_device_plugin is true")
+        return Check(name, True, detail + "; not required (readiness.require_device_plugin is false)")
+    notes = []
+    if isinstance(alloc, int) and alloc < cap:
+        notes.append(f"allocatable {alloc}: the device plugin marks {cap - alloc} unhealthy")
+    if cap < expected:
+        return Check(name, False, f"the device plugin advertises nvidia.com/gpu {cap}, the host has {expected} "
+                                  f"GPU(s) to offer ({host}): restart the device plugin pod on this node, then "
+                                  "check its log and nvidia-smi" + "".join(f"; {n}" for n in notes))
+    if cap > expected:
+        notes.append("more than the GPUs: time-slicing replicas or MIG devices counted as nvidia.com/gpu")
+    return Check(name, True, f"nvidia.com/gpu {cap} for {expected} GPU(s) ({host})" + "".join(f"; {n}" for n in notes))
+
+
 # -- topology / publish -----------------------------------------------------------------------
 def publish_check(*, topology_error: str | None = None, publish: Any = None,
                   publish_error: str | None = None) -> Check | None:
@@ -300,10 +388,12 @@ def verdict(
     publish: Any = None,
     errors: Mapping[str, str] | None = None,
     mode: str = "audit",
+    last_publish: Any = None,
 ) -> Verdict:
     """Judge the node. ``errors`` maps a stage name (discover, audit, enforce, gpus, probe,
     publish) to the reason it failed this pass. ``publish`` None leaves the publish check out
-    (used to decide what to publish before publishing)."""
+    (used to decide what to publish before publishing); ``gpu.allocatable`` then judges the
+    Node as ``last_publish`` (the previous pass) read it."""
     errors = dict(errors or {})
     rp = getattr(profile, "readiness", None)
     require_compliant = getattr(rp, "require_compliant", True)
@@ -315,6 +405,11 @@ def verdict(
                                         error=errors.get("audit") or errors.get("enforce"), mode=mode)]
     checks += gpu_checks(gpus or [], want_persistence=want_persistence, max_temperature_c=max_temp,
                          topology=topology, error=errors.get("gpus"))
+    if not errors.get("gpus"):
+        extra = [driver_cuda_check(topology, list(gpus or [])),
+                 allocatable_check(gpus or [], publish if publish is not None else last_publish,
+                                   required=bool(getattr(rp, "require_device_plugin", False)))]
+        checks += [c for c in extra if c is not None]
     pub = publish_check(topology_error=errors.get("discover"), publish=publish,
                         publish_error=errors.get("publish"))
     if pub is not None:

@@ -74,7 +74,9 @@ def settings_table(title: str, rows: Iterable[Setting], *, show_changed: bool = 
     for row, targets in group_rows(rows):
         cur = "—" if row.current is None else row.current
         arrow = Text(cur)
-        if row.current != row.desired:
+        # an ok row whose desired value is a bound (≥ 1048576) or a budget satisfies it: no arrow
+        satisfied = row.status == "ok" and (row.desired or "")[:1] in ("≥", "≤")
+        if row.current != row.desired and not satisfied:
             arrow.append(" → ")
             arrow.append(row.desired or "—", style="bold")
         cells = [Text(row.id), Text(compress_targets(targets)), arrow,

@@ -31,6 +31,7 @@ from typing import Any, Callable
 from . import __version__
 from .app import AgentState, CollectorStatus, Snapshot, create_app
 from .errors import InputError
+from .knobs import fixable
 from .readiness import Verdict, verdict
 
 log = logging.getLogger("gpu_tune")
@@ -278,7 +279,8 @@ class Agent:
         """Audit; re-apply when some drifted setting was not re-applied within the rate limit."""
         before = as_doc(self.stages.audit())
         now = self.monotonic()
-        drifted = [(str(s["id"]), str(s["target"])) for s in before.get("settings", []) if s.get("status") == "drift"]
+        drifted = [(str(s["id"]), str(s["target"])) for s in before.get("settings", []) if s.get("status") == "drift"
+                   and fixable(str(s["id"]))]  # read-only checks (limits.memlock, gpu.mig_mode) are never re-applied
         if not drifted:
             return before
         due = [k for k in drifted if now - self._last_enforced.get(k, float("-inf")) >= self.enforce_min_interval]
@@ -357,7 +359,7 @@ class Agent:
 
         profile = self.stages.profile
         judge = dict(profile=profile, audit=self._audit, gpus=self._gpus, topology=self._topology_doc,
-                     probes=probes, errors=errors, mode=self.mode)
+                     probes=probes, errors=errors, mode=self.mode, last_publish=self._last_publish)
         pre = verdict(**judge)
         driver = (identity or {}).get("driver_version")
         if self._holding_first_publish(probe):

@@ -8,25 +8,36 @@
   the live host only, to py-cpuinfo;
 - GPUs: ``/sys/bus/pci/devices/*`` with vendor ``0x10de`` and class ``0x0300xx``/``0x0302xx``;
 - NICs: ``/sys/class/net/*/device`` and ``/sys/class/infiniband/*/device`` (their PCI function);
+  in a VM the ``device`` link of a virtio-net interface is a virtio device *under* its PCI
+  function (``.../0000:00:03.0/virtio2``): the PCI function is the parent, and the interface's
+  IRQs are found by name in ``/proc/interrupts`` (``virtio2-input.0``, ``virtio2-output.0``,
+  ``virtio2-config``, or ``virtio2`` on a shared INTx line) as well as in the function's
+  ``msi_irqs/``;
 - for every GPU and NIC: ``numa_node``, ``local_cpulist``, the PCIe link (current/max speed and
   width) and the MSI/MSI-X IRQs listed in ``msi_irqs/``.
 
 ``numa_node`` is ``-1`` where firmware gives none: the node is then derived from the device's
 ``local_cpulist`` (the node whose CPU list equals or contains it) or left unknown (``None``,
 ``numa_source="unknown"``), never guessed. GPUs are matched to the backend's GPUs by PCI bus id,
-and NVML's CPU affinity is cross-checked against sysfs (a mismatch becomes a warning).
+and NVML's CPU affinity is cross-checked against sysfs (a mismatch becomes a warning); each GPU
+carries its MIG mode (current and pending) from the backend.
+
+With a GPU backend the document also carries the driver version and the CUDA version the driver
+supports, and ``probe_runtime``: the CUDA version the probe's TensorFlow was built for (read from
+the probe's own environment, see :mod:`agent.gpu.cuda`; the container's in the DaemonSet).
 Nothing here reads per-IRQ files: IRQs are only listed.
 """
 
 from __future__ import annotations
 
 import logging
+import re
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any, Iterable, Literal
 
 from .errors import HostError
-from .parse import (ParseError, format_cpulist, parse_cpulist, parse_cpumask, parse_int, parse_link_speed,
-                    parse_link_width, parse_meminfo)
+from .parse import (ParseError, format_cpulist, irqs_named, parse_cpulist, parse_cpumask, parse_int,
+                    parse_interrupts, parse_link_speed, parse_link_width, parse_meminfo)
 
 if TYPE_CHECKING:  # pragma: no cover
     from .gpu.base import GpuBackend, GpuInfo
@@ -39,6 +50,9 @@ CPU_DIR = "/sys/devices/system/cpu"
 PCI_DIR = "/sys/bus/pci/devices"
 NET_DIR = "/sys/class/net"
 IB_DIR = "/sys/class/infiniband"
+
+PCI_ADDRESS_RE = re.compile(r"^[0-9a-f]{4,8}:[0-9a-f]{2}:[0-9a-f]{2}\.[0-7]$")
+VIRTIO_RE = re.compile(r"^virtio\d+$")
 
 NVIDIA_VENDOR = "0x10de"
 GPU_CLASS_PREFIXES = ("0x0300", "0x0302")  # VGA-compatible, 3D controller
@@ -86,6 +100,9 @@ class PciDevice:
     gpu_name: str | None = None
     gpu_uuid: str | None = None
     rdma: bool = False  # a NIC with an RDMA (infiniband) device
+    mig_mode: bool | None = None  # a GPU's MIG mode (None: no MIG, or not known)
+    mig_mode_pending: bool | None = None
+    virtio: str | None = None  # a virtio-net NIC: its virtio device under the PCI function
 
     @property
     def link_degraded(self) -> bool:
@@ -124,6 +141,9 @@ class Topology:
     nics: tuple[PciDevice, ...]
     gpu_local_nics: dict[str, tuple[str, ...]] = field(default_factory=dict)  # GPU address -> NIC names
     warnings: tuple[str, ...] = ()
+    driver_version: str | None = None
+    cuda_driver_version: str | None = None  # the newest CUDA the driver supports ("12.8")
+    probe_runtime: dict[str, Any] | None = None  # agent.gpu.cuda.FrameworkBuild.as_dict()
 
     def gpu(self, index: int) -> PciDevice | None:
         for g in self.gpus:
@@ -159,20 +179,25 @@ class Topology:
                 "vendor": g.vendor, "device": g.device,
                 "numa_node": g.numa_node, "numa_source": g.numa_source,
                 "local_cpus": format_cpulist(g.local_cpus), "pcie": g.pcie_dict(),
-                "irq_count": len(g.irqs), "local_nics": list(self.gpu_local_nics.get(g.address, ())),
+                "irq_count": len(g.irqs), "irqs": format_cpulist(g.irqs),
+                "local_nics": list(self.gpu_local_nics.get(g.address, ())),
+                "mig_mode": g.mig_mode, "mig_mode_pending": g.mig_mode_pending,
             })
         nics = []
         for d in self.nics:
             nics.append({
                 "name": _nic_name(d), "names": list(d.names), "pci_bus_id": d.address,
                 "kind": "rdma" if d.rdma else "net", "vendor": d.vendor, "device": d.device,
-                "numa_node": d.numa_node, "numa_source": d.numa_source,
+                "virtio": d.virtio, "numa_node": d.numa_node, "numa_source": d.numa_source,
                 "local_cpus": format_cpulist(d.local_cpus), "pcie": d.pcie_dict(), "irq_count": len(d.irqs),
+                "irqs": format_cpulist(d.irqs),
             })
         return {
             "numa_nodes": nodes, "cpus_online": format_cpulist(self.cpus_online),
             "cpu_count": len(self.cpus_online), "sockets": self.sockets, "cpu_model": self.cpu_model,
             "gpus": gpus, "nics": nics, "warnings": list(self.warnings),
+            "driver_version": self.driver_version, "cuda_driver_version": self.cuda_driver_version,
+            "probe_runtime": self.probe_runtime,
         }
 
 
@@ -303,21 +328,50 @@ def _read_device(fs: "HostFS", address: str, kind: str, nodes: tuple[NumaNode, .
     )
 
 
-def _nic_addresses(fs: "HostFS") -> dict[str, tuple[list[str], bool]]:
-    """PCI address -> (interface names, has an RDMA device), from /sys/class/{net,infiniband}."""
-    out: dict[str, tuple[list[str], bool]] = {}
+@dataclass
+class _NicFunction:
+    names: list[str] = field(default_factory=list)
+    rdma: bool = False
+    virtio: str | None = None
+
+
+def pci_function_of(fs: "HostFS", link: str) -> tuple[str | None, str | None]:
+    """(PCI address, virtio device) behind a class device's ``device`` link.
+
+    A physical NIC's link is the PCI function itself (``.../0000:17:00.0``); a virtio-net
+    interface's is the virtio device one level below it (``.../0000:00:03.0/virtio2``). Anything
+    else (USB, virtio-mmio, platform devices) has no PCI function: (None, virtio or None).
+    """
+    parts = fs.realpath(link).rstrip("/").split("/")
+    last = parts[-1]
+    if PCI_ADDRESS_RE.match(last) and fs.exists(f"{PCI_DIR}/{last}"):
+        return last, None
+    if VIRTIO_RE.match(last):
+        parent = parts[-2] if len(parts) > 1 else ""
+        if PCI_ADDRESS_RE.match(parent) and fs.exists(f"{PCI_DIR}/{parent}"):
+            return parent, last
+        return None, last
+    return None, None
+
+
+def _nic_addresses(fs: "HostFS", warnings: list[str]) -> dict[str, _NicFunction]:
+    """PCI address -> interface names, RDMA, virtio device; from /sys/class/{net,infiniband}."""
+    out: dict[str, _NicFunction] = {}
     for cls_dir, rdma in ((NET_DIR, False), (IB_DIR, True)):
         for name in fs.listdir(cls_dir):
             link = f"{cls_dir}/{name}/device"
             if not fs.exists(link):
                 continue  # virtual interfaces (lo, bonds, veth) have no device
-            real = fs.realpath(link)
-            address = real.rstrip("/").rsplit("/", 1)[-1]
-            if not fs.exists(f"{PCI_DIR}/{address}"):
-                continue  # not a PCI function (e.g. a USB or virtio platform device)
-            names, has_rdma = out.get(address, ([], False))
-            names.append(name)
-            out[address] = (names, has_rdma or rdma)
+            address, virtio = pci_function_of(fs, link)
+            if address is None:
+                if virtio is not None:
+                    warnings.append(f"NIC {name}: {virtio} is not behind a PCI function (virtio-mmio): "
+                                    "its NUMA node and IRQs are unknown; not listed")
+                continue  # not a PCI function (e.g. a USB or platform device)
+            fn = out.setdefault(address, _NicFunction())
+            fn.names.append(name)
+            fn.rdma = fn.rdma or rdma
+            fn.virtio = fn.virtio or virtio
     return out
 
 
@@ -339,7 +393,7 @@ def discover(fs: "HostFS", gpus: "GpuBackend | Iterable[GpuInfo] | None" = None)
     nodes = _numa_nodes(fs, cpus_online, warnings)
     model, sockets = _cpu_model_and_sockets(fs, cpus_online)
 
-    nic_map = _nic_addresses(fs)
+    nic_map = _nic_addresses(fs, warnings)
     gpu_devs: list[PciDevice] = []
     nic_devs: list[PciDevice] = []
     try:
@@ -350,9 +404,9 @@ def discover(fs: "HostFS", gpus: "GpuBackend | Iterable[GpuInfo] | None" = None)
     for address in addresses:
         base = f"{PCI_DIR}/{address}"
         if address in nic_map:
-            names, rdma = nic_map[address]
+            fn = nic_map[address]
             dev = _read_device(fs, address, "nic", nodes, cpus_online)
-            nic_devs.append(_with(dev, names=tuple(names), rdma=rdma))
+            nic_devs.append(_with(dev, names=tuple(fn.names), rdma=fn.rdma, virtio=fn.virtio))
             continue
         vendor = (fs.read_optional(f"{base}/vendor") or "").lower()
         if vendor != NVIDIA_VENDOR:
@@ -361,6 +415,9 @@ def discover(fs: "HostFS", gpus: "GpuBackend | Iterable[GpuInfo] | None" = None)
         if not cls.startswith(GPU_CLASS_PREFIXES):
             continue  # NVSwitch bridges, audio functions, ...
         gpu_devs.append(_read_device(fs, address, "gpu", nodes, cpus_online))
+
+    if any(n.virtio for n in nic_devs):
+        nic_devs = _with_virtio_irqs(fs, nic_devs, warnings)
 
     # Match the backend's GPUs by PCI bus id.
     infos, backend = _gpu_infos(gpus)
@@ -378,7 +435,9 @@ def discover(fs: "HostFS", gpus: "GpuBackend | Iterable[GpuInfo] | None" = None)
             dev = PciDevice(addr, "gpu", NVIDIA_VENDOR, "", "", None, "unknown", frozenset(),
                             info.pcie_link_gen_current, info.pcie_link_gen_max,
                             info.pcie_link_width_current, info.pcie_link_width_max, ())
-        matched[addr] = _with(dev, gpu_index=info.index, gpu_name=info.name, gpu_uuid=info.uuid)
+        matched[addr] = _with(dev, gpu_index=info.index, gpu_name=info.name, gpu_uuid=info.uuid,
+                              mig_mode=getattr(info, "mig_mode", None),
+                              mig_mode_pending=getattr(info, "mig_mode_pending", None))
     for d in gpu_devs:
         matched.setdefault(d.address, d)
     final_gpus = sorted(matched.values(),
@@ -413,10 +472,43 @@ def discover(fs: "HostFS", gpus: "GpuBackend | Iterable[GpuInfo] | None" = None)
             continue
         local_nics[g.address] = tuple(_nic_name(n) for n in nic_devs if n.numa_node == g.numa_node)
 
+    driver, cuda = _driver_versions(backend, warnings)
+    from .gpu.cuda import probe_framework_build
+
     return Topology(
         numa_nodes=nodes, cpus_online=cpus_online, sockets=sockets, cpu_model=model,
         gpus=tuple(final_gpus), nics=tuple(nic_devs), gpu_local_nics=local_nics, warnings=tuple(warnings),
+        driver_version=driver, cuda_driver_version=cuda, probe_runtime=probe_framework_build().as_dict(),
     )
+
+
+def _driver_versions(backend: Any, warnings: list[str]) -> tuple[str | None, str | None]:
+    if backend is None:
+        return None, None
+    out = []
+    for what in ("driver_version", "cuda_driver_version"):
+        try:
+            out.append(getattr(backend, what)())
+        except Exception as exc:  # a backend error is a warning here, never a failed discovery
+            warnings.append(f"GPU backend: {what} unavailable: {exc}")
+            out.append(None)
+    return out[0], out[1]
+
+
+def _with_virtio_irqs(fs: "HostFS", nics: list[PciDevice], warnings: list[str]) -> list[PciDevice]:
+    """Add the IRQs ``/proc/interrupts`` names after each virtio NIC's virtio device (read only
+    when there is one: on a big node the file is megabytes)."""
+    text = fs.read_optional("/proc/interrupts")
+    if text is None:
+        warnings.append("/proc/interrupts: unreadable; virtio NICs list only their msi_irqs")
+        return nics
+    lines = parse_interrupts(text)
+    out = []
+    for n in nics:
+        if n.virtio:
+            n = _with(n, irqs=tuple(sorted(set(n.irqs) | set(irqs_named(lines, n.virtio)))))
+        out.append(n)
+    return out
 
 
 def _cross_check(backend: Any, g: PciDevice, nodes: tuple[NumaNode, ...]) -> list[str]:

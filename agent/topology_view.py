@@ -38,18 +38,51 @@ def _gpu_line(g: PciDevice, topo: Topology) -> Text:
     t.append(f"  {len(g.irqs)} IRQs")
     if g.numa_source == "local_cpulist":
         t.append("  (node from local_cpulist)", style="yellow")
+    if g.mig_mode is not None and (g.mig_mode or g.mig_mode_pending):
+        t.append(f"  MIG {'on' if g.mig_mode else 'off'}", style="bold magenta")
+        if g.mig_mode_pending is not None and g.mig_mode_pending != g.mig_mode:
+            t.append(f" (pending {'on' if g.mig_mode_pending else 'off'} after a GPU reset)", style="yellow")
     nics = topo.gpu_local_nics.get(g.address, ())
     if nics:
         t.append(f"  local NICs: {', '.join(nics)}", style="cyan")
     return t
 
 
+def _software_line(topo: Topology) -> Text | None:
+    """The driver and the CUDA version the probe's TensorFlow was built for."""
+    bits = []
+    if topo.driver_version or topo.cuda_driver_version:
+        bits.append(f"NVIDIA driver {topo.driver_version or '?'} (CUDA {topo.cuda_driver_version or '?'})")
+    rt = topo.probe_runtime or {}
+    if rt.get("found"):
+        if rt.get("error"):
+            bits.append(f"probe's {rt.get('framework')}: build unknown ({rt['error']})")
+        elif rt.get("is_cuda_build"):
+            bits.append(f"probe's {rt.get('framework')} built for CUDA {rt.get('cuda_version')}")
+        else:
+            bits.append(f"probe's {rt.get('framework')}: CPU-only build")
+    elif rt:
+        bits.append(f"probe's {rt.get('framework')}: not installed")
+    return Text("; ".join(bits), style="dim") if bits else None
+
+
+def _irqs(dev: PciDevice) -> str:
+    return f"{len(dev.irqs)} IRQs" + (f" ({format_cpulist(dev.irqs)})" if dev.irqs else "")
+
+
 def _nic_line(n: PciDevice) -> Text:
     t = Text()
     t.append(", ".join(n.names) or n.address, style="bold cyan")
-    t.append(f"  {'rdma' if n.rdma else 'net'}  {n.address}  ")
-    t.append_text(_link(n))
-    t.append(f"  {len(n.irqs)} IRQs")
+    t.append(f"  {'rdma' if n.rdma else 'net'}  ")
+    if n.virtio:
+        t.append(f"{n.virtio} on ")
+    t.append(f"{n.address}  ")
+    if n.link_gen_current is not None or n.link_width_current is not None:
+        t.append_text(_link(n))  # virtio functions have no PCIe link files
+        t.append("  ")
+    t.append(_irqs(n))
+    if n.numa_source == "local_cpulist":
+        t.append("  (node from local_cpulist)", style="yellow")
     return t
 
 
@@ -72,6 +105,9 @@ def render_topology(topo: Topology) -> Tree:
             nb = branch.add(Text("NICs", style="bold"))
             for n in nics:
                 nb.add(_nic_line(n))
+    soft = _software_line(topo)
+    if soft is not None:
+        root.add(soft)
     lost = [d for d in (*topo.gpus, *topo.nics) if d.numa_node is None]
     if lost:
         ub = root.add(Text("NUMA node unknown", style="bold yellow"))

@@ -178,7 +178,11 @@ class KubeAPIServer:
 
     def add_node(self, name: str, *, labels: dict[str, str] | None = None,
                  annotations: dict[str, str] | None = None, taints: list[dict[str, Any]] | None = None,
-                 conditions: list[dict[str, Any]] | None = None) -> dict[str, Any]:
+                 conditions: list[dict[str, Any]] | None = None, capacity: dict[str, str] | None = None,
+                 allocatable: dict[str, str] | None = None) -> dict[str, Any]:
+        """A Node as the kubelet registers it. ``capacity``/``allocatable`` are added to the
+        kubelet's cpu/memory/pods (the NVIDIA device plugin adds ``nvidia.com/gpu`` this way);
+        allocatable defaults to the capacity."""
         with self._lock:
             node = {
                 "apiVersion": "v1",
@@ -196,7 +200,10 @@ class KubeAPIServer:
                 "status": {"conditions": list(conditions or [
                     {"type": "Ready", "status": "True", "reason": "KubeletReady",
                      "message": "kubelet is posting ready status", "lastHeartbeatTime": _now(),
-                     "lastTransitionTime": _now()}])},
+                     "lastTransitionTime": _now()}]),
+                    "capacity": {"cpu": "224", "memory": "2113445612Ki", "pods": "110", **(capacity or {})},
+                    "allocatable": {"cpu": "223", "memory": "2111245612Ki", "pods": "110",
+                                    **((capacity or {}) if allocatable is None else allocatable)}},
             }
             self.nodes[name] = node
             return copy.deepcopy(node)

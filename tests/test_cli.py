@@ -202,7 +202,8 @@ def test_every_knob_round_trips_through_apply_and_revert(make_host, gpu_fixture)
     p = run_cli("apply", "--root", str(root), "--gpu-fixture", str(gpus), "-o", "json")
     assert p.returncode == 0, p.stdout + p.stderr
     ids = {s["id"] for s in jdoc(p)["settings"] if s["changed"]}
-    assert {"gpu.persistence_mode", "irq.affinity", "allocator.preload", "thp.enabled", "cpu.governor"} <= ids
+    assert {"gpu.persistence_mode", "irq.affinity", "allocator.preload", "thp.enabled", "cpu.governor",
+            "cpu.cstates"} <= ids
     assert (root / "etc/gpu-tune/allocator.env").exists()
     r = run_cli("revert", "--root", str(root), "--gpu-fixture", str(gpus), "-o", "json")
     assert r.returncode == 0, r.stdout + r.stderr

@@ -45,7 +45,7 @@ def roundtrip(knob, ctx, rows):
 
 
 def test_registry_order():
-    assert [k.family for k in KNOBS] == ["sysctl", "thp", "cpu", "gpu", "irq", "allocator"]
+    assert [k.family for k in KNOBS] == ["sysctl", "thp", "cpu", "cstates", "gpu", "irq", "allocator", "limits", "mig", "gpudirect"]
 
 
 # -- gpu.persistence_mode -------------------------------------------------------------------------

@@ -65,3 +65,21 @@ def test_link_speed_and_width():
 def test_meminfo_node_form():
     m = parse_meminfo("Node 0 MemTotal:       131000000 kB\nNode 0 MemFree: 5 kB\n")
     assert m == {"MemTotal": 131000000, "MemFree": 5}
+
+
+def test_interrupts_handler_names_and_virtio_queues():
+    from agent.parse import irqs_named
+
+    text = ("           CPU0       CPU1       \n"
+            "  11:          5          6  IO-APIC  11-fasteoi   uhci_hcd:usb1, virtio7\n"
+            "  27:          0          0  GICv3  27 Level     arch_timer\n"
+            "  37:          0          0  PCI-MSIX-0000:00:03.0   0-edge      virtio2-config\n"
+            "  38:          0      10125  PCI-MSIX-0000:00:03.0   1-edge      virtio2-input.0\n"
+            "  39:       5762          0  PCI-MSIX-0000:00:03.0   2-edge      virtio2-output.0\n"
+            "  40:          0          0  PCI-MSIX-0000:00:04.0   0-edge      virtio22-config\n"
+            " NMI:          0          0   Non-maskable interrupts\n")
+    lines = parse_interrupts(text)
+    assert lines["11"].names == ("uhci_hcd:usb1", "virtio7") and lines["27"].names == ("arch_timer",)
+    assert lines["38"].names == ("virtio2-input.0",) and lines["38"].total == 10125
+    assert irqs_named(lines, "virtio2") == [37, 38, 39]  # not virtio22
+    assert irqs_named(lines, "virtio7") == [11] and irqs_named(lines, "virtio9") == []

@@ -24,6 +24,10 @@ class GpuInfo:
     memory_total_mib: int | None = None
     compute_capability: str | None = None
     persistence_mode: bool | None = None
+    # MIG (Multi-Instance GPU) mode: None where the GPU has no MIG (or the driver does not say).
+    # ``mig_mode_pending`` is the mode after the next GPU reset (NVML's "pending").
+    mig_mode: bool | None = None
+    mig_mode_pending: bool | None = None
     pcie_link_gen_current: int | None = None
     pcie_link_gen_max: int | None = None
     pcie_link_width_current: int | None = None

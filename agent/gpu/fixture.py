@@ -3,7 +3,9 @@
 Unknown extra keys are ignored. A missing required key (``index``, ``uuid``, ``name``,
 ``pci_bus_id``) or malformed JSON is an :class:`InputError` naming the file (and line). Optional
 per-GPU keys beyond the contract's: ``"lost": true`` (the GPU answers "GPU is lost"),
-``"processes": [pids]`` and ``"cpu_affinity": "0-55"`` (what NVML would say is local).
+``"processes": [pids]``, ``"cpu_affinity": "0-55"`` (what NVML would say is local) and
+``"mig_mode"`` / ``"mig_mode_pending"`` (booleans, NVML's current and pending MIG mode; absent:
+the GPU has no MIG).
 
 Persistence mode set through this backend is written back into the same file crash-safely
 (temp file, fsync, rename, fsync of the folder), so a later run sees it as on real hardware.
@@ -32,6 +34,7 @@ _NUM = (int, float)
 _TYPES: dict[str, tuple[type, ...]] = {
     "memory_total_mib": _INT, "memory_used_mib": _INT, "compute_capability": (str,),
     "persistence_mode": (bool,), "ecc_mode": (bool,), "retired_pages_pending": (bool,), "lost": (bool,),
+    "mig_mode": (bool,), "mig_mode_pending": (bool,),
     "pcie_link_gen_current": _INT, "pcie_link_gen_max": _INT, "pcie_link_width_current": _INT,
     "pcie_link_width_max": _INT, "ecc_uncorrected_volatile": _INT, "temperature_c": _NUM,
     "power_w": _NUM, "utilization_percent": _NUM,

@@ -193,6 +193,7 @@ class NvmlBackend:
         mem = opt(lambda: nv.nvmlDeviceGetMemoryInfo(h))
         cc = opt(lambda: nv.nvmlDeviceGetCudaComputeCapability(h))
         pm = opt(lambda: nv.nvmlDeviceGetPersistenceMode(h))
+        mig = self._mig_mode(h)
         ecc = opt(lambda: nv.nvmlDeviceGetEccMode(h))
         ecc_on = None if ecc is None else bool(ecc[0] == nv.NVML_FEATURE_ENABLED)
         ecc_unc = None
@@ -215,6 +216,7 @@ class NvmlBackend:
             memory_total_mib=None if mem is None else int(mem.total) // (1024 * 1024),
             compute_capability=None if cc is None else f"{cc[0]}.{cc[1]}",
             persistence_mode=None if pm is None else bool(pm == nv.NVML_FEATURE_ENABLED),
+            mig_mode=None if mig is None else mig[0], mig_mode_pending=None if mig is None else mig[1],
             pcie_link_gen_current=opt(lambda: int(nv.nvmlDeviceGetCurrPcieLinkGeneration(h))),
             pcie_link_gen_max=opt(lambda: int(nv.nvmlDeviceGetMaxPcieLinkGeneration(h))),
             pcie_link_width_current=opt(lambda: int(nv.nvmlDeviceGetCurrPcieLinkWidth(h))),
@@ -227,6 +229,24 @@ class NvmlBackend:
             clock_throttle_reasons=() if reasons is None else throttle_names(int(reasons)),
             xid_events=tuple(self._xids.get(index, ())),
         )
+
+    def _mig_mode(self, h: Any) -> tuple[bool, bool] | None:
+        """(current, pending) MIG mode; None where the GPU has no MIG ("not supported") or the
+        bindings predate nvmlDeviceGetMigMode."""
+        nv = self.nv
+        fn = getattr(nv, "nvmlDeviceGetMigMode", None)
+        if fn is None:
+            return None
+        enabled = getattr(nv, "NVML_DEVICE_MIG_ENABLE", 1)
+        try:
+            current, pending = fn(h)
+        except nv.NVMLError as exc:
+            if self._kind(exc) == "not_supported" or isinstance(exc, getattr(nv, "NVMLError_FunctionNotFound", ())):
+                return None
+            raise
+        # older bindings returned the ctypes values themselves
+        current, pending = getattr(current, "value", current), getattr(pending, "value", pending)
+        return bool(current == enabled), bool(pending == enabled)
 
     def _throttle_mask(self, h: Any) -> int:
         nv = self.nv

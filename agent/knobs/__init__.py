@@ -4,9 +4,13 @@ from __future__ import annotations
 
 from .allocator import AllocatorKnob
 from .base import Context, Knob
+from .cpu_cstates import CpuCstatesKnob
 from .cpu_governor import CpuGovernorKnob
+from .gpu_mig import GpuMigKnob
 from .gpu_persistence import GpuPersistenceKnob
+from .gpudirect import GpuDirectKnob
 from .irq_affinity import IrqAffinityKnob
+from .limits import MemlockKnob
 from .sysctl import SysctlKnob
 from .thp import ThpKnob
 
@@ -14,11 +18,32 @@ KNOBS: tuple[Knob, ...] = (
     SysctlKnob(),
     ThpKnob(),
     CpuGovernorKnob(),
+    CpuCstatesKnob(),
     GpuPersistenceKnob(),
     IrqAffinityKnob(),
     AllocatorKnob(),
+    MemlockKnob(),
+    GpuMigKnob(),
+    GpuDirectKnob(),
 )
 
+# Journal entries name the family that wrote them (revert finds the knob by it).
 BY_FAMILY: dict[str, Knob] = {k.family: k for k in KNOBS}
 
-__all__ = ["BY_FAMILY", "KNOBS", "Context", "Knob"]
+
+def knob_for(setting_id: str) -> Knob | None:
+    """The knob that reports ``setting_id`` (several knobs share an id prefix: ``cpu.governor``
+    and ``cpu.cstates``, ``gpu.persistence_mode`` and ``gpu.mig_mode``)."""
+    for knob in KNOBS:
+        if knob.owns(setting_id):
+            return knob
+    return None
+
+
+def fixable(setting_id: str) -> bool:
+    """Whether ``apply`` may change a row of this id (read-only checks only report)."""
+    knob = knob_for(setting_id)
+    return knob is not None and knob.writable
+
+
+__all__ = ["BY_FAMILY", "KNOBS", "Context", "Knob", "fixable", "knob_for"]

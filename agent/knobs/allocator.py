@@ -79,6 +79,7 @@ def env_content(lib: HostPath, malloc_conf: str) -> tuple[dict[str, str], bytes]
 class AllocatorKnob(Knob):
     family = "allocator"
     error_id = "allocator.preload"
+    ids = ("allocator.preload",)
     files = tuple(f"{d}/{JEMALLOC_SONAME}" for d in HOST_LIB_DIRS) + ("/etc/gpu-tune/allocator.env", LD_SO_PRELOAD)
 
     def wanted(self, profile) -> bool:

@@ -54,6 +54,40 @@ class Context:
         return self._cache[key]
 
 
+def on_off(flag: bool | None) -> str | None:
+    return None if flag is None else ("on" if flag else "off")
+
+
+def gpus_or_reason(ctx: Context, sid: str, desired: str, *, fresh: bool = False) -> tuple[list[Any], list[Setting]]:
+    """The GPUs a per-GPU knob judges, or else the one row (target ``-``) that says why there
+    are none: no backend or driver (``unsupported``), the backend failing (``error``).
+    ``fresh`` reads the backend again (a verify after apply must see the new state)."""
+    backend = ctx.gpu
+    if backend is None or backend.name == "none":
+        return [], [Setting(sid, "-", None, desired, "unsupported", "no NVIDIA GPU/driver")]
+    try:
+        infos = list(backend.gpus()) if fresh else ctx.gpu_infos()
+    except Exception as exc:  # a backend failure is a row, not a crash
+        return [], [Setting(sid, "-", None, desired, "error", f"GPU backend: {exc}")]
+    if not infos:
+        return [], [Setting(sid, "-", None, desired, "unsupported", "no NVIDIA GPU/driver")]
+    return infos, []
+
+
+def process_table(ctx: Context) -> dict[str, tuple[int, ...]]:
+    """``comm`` -> pids (ascending) of every process under ``/proc``, read once per context."""
+
+    def load() -> dict[str, tuple[int, ...]]:
+        out: dict[str, list[int]] = {}
+        for pid in ctx.fs.pids():
+            comm = ctx.fs.read_optional(f"/proc/{pid}/comm")
+            if comm:
+                out.setdefault(comm, []).append(pid)
+        return {k: tuple(sorted(v)) for k, v in out.items()}
+
+    return ctx.cached("process_table", load)
+
+
 def encode_raw(data: bytes | None) -> str | None:
     return None if data is None else base64.b64encode(data).decode("ascii")
 
@@ -70,6 +104,15 @@ class Knob:
     files: ClassVar[tuple[str, ...]] = ()
     # The setting id of the row reported when the whole family cannot be read.
     error_id: ClassVar[str] = ""
+    # The setting ids this knob reports (its rows and journal entries are routed back to it).
+    ids: ClassVar[tuple[str, ...]] = ()
+    # False for a check that only reads: ``apply`` never plans its rows (a ``drift`` row then
+    # carries the remedy in its detail, for a person or another owner to act on).
+    writable: ClassVar[bool] = True
+
+    def owns(self, setting_id: str) -> bool:
+        """Does this knob report ``setting_id``?"""
+        return setting_id in self.ids or setting_id == self.error_id
 
     def wanted(self, profile: "Profile") -> bool:
         """Does the profile ask for anything from this knob?"""
@@ -80,6 +123,10 @@ class Knob:
 
     # The value written into the kernel file for ``desired`` (bare word, number...).
     def value_to_write(self, row: Setting) -> str:
+        return row.desired
+
+    def planned(self, row: Setting) -> str:
+        """What ``apply`` would set a drift row to, in words (for ``apply --dry-run``)."""
         return row.desired
 
     def snapshot(self, ctx: Context, row: Setting) -> dict[str, Any]:
@@ -112,9 +159,14 @@ class Knob:
     def restore(self, ctx: Context, entry: dict[str, Any]) -> None:
         """Write the original back. Kernel files take the bare value; a regular file (a
         fixture, a config file) gets its original bytes back exactly."""
-        path = entry["path"]
-        raw = decode_raw(entry.get("raw"))
-        if raw is not None and not ctx.fs.is_kernel_file(path):
-            ctx.fs.write_bytes_exact(path, raw)
-        else:
-            ctx.fs.write_text(path, self.restore_value(entry))
+        restore_file(ctx, entry["path"], entry.get("raw"), self.restore_value(entry))
+
+
+def restore_file(ctx: Context, path: str, raw_b64: str | None, value: str) -> None:
+    """Put one journalled file back: the bare ``value`` into a kernel file, the exact original
+    bytes into a regular one."""
+    raw = decode_raw(raw_b64)
+    if raw is not None and not ctx.fs.is_kernel_file(path):
+        ctx.fs.write_bytes_exact(path, raw)
+    else:
+        ctx.fs.write_text(path, value)

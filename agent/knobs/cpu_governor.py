@@ -31,6 +31,7 @@ def online_cpus(ctx: Context) -> list[int]:
 class CpuGovernorKnob(Knob):
     family = "cpu"
     error_id = "cpu.governor"
+    ids = ("cpu.governor",)
     files = (f"{CPU_DIR}/online", f"{CPU_DIR}/cpuN/cpufreq/scaling_governor",
              f"{CPU_DIR}/cpuN/cpufreq/scaling_available_governors")
 

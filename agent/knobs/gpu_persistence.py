@@ -14,19 +14,19 @@ from typing import Any
 
 from ..errors import HostError
 from ..model import Setting
-from .base import Context, Knob
+from .base import Context, Knob, gpus_or_reason, on_off
 from .irq_affinity import running_comms
 
 PERSISTENCED_COMMS = frozenset({"nvidia-persiste", "nvidia-persistenced"})
 
 
-def _word(on: bool | None) -> str | None:
-    return None if on is None else ("on" if on else "off")
+_word = on_off
 
 
 class GpuPersistenceKnob(Knob):
     family = "gpu"
     error_id = "gpu.persistence_mode"
+    ids = ("gpu.persistence_mode",)
     files = ("NVML: nvmlDeviceGetPersistenceMode / nvmlDeviceSetPersistenceMode", "/proc/[pid]/comm")
 
     def wanted(self, profile) -> bool:
@@ -34,15 +34,10 @@ class GpuPersistenceKnob(Knob):
 
     def read(self, ctx: Context) -> list[Setting]:
         desired = _word(ctx.profile.gpu.persistence_mode) or "on"
-        backend = ctx.gpu
-        if backend is None or backend.name == "none":
-            return [Setting("gpu.persistence_mode", "-", None, desired, "unsupported", "no NVIDIA GPU/driver")]
-        try:
-            infos = list(backend.gpus())  # fresh: a verify after apply must see the new mode
-        except Exception as exc:  # a backend failure is a row, not a crash
-            return [Setting("gpu.persistence_mode", "-", None, desired, "error", f"GPU backend: {exc}")]
-        if not infos:
-            return [Setting("gpu.persistence_mode", "-", None, desired, "unsupported", "no NVIDIA GPU/driver")]
+        # fresh: a verify after apply must see the new mode
+        infos, reason = gpus_or_reason(ctx, "gpu.persistence_mode", desired, fresh=True)
+        if reason:
+            return reason
         daemon = (ctx.profile.gpu.persistenced == "prefer"
                   and bool(PERSISTENCED_COMMS & running_comms(ctx)))
         rows = []

@@ -23,7 +23,7 @@ from typing import Any
 from ..errors import HostError, UnsupportedWrite
 from ..model import Setting
 from ..parse import ParseError, format_cpulist, format_cpumask, parse_cpulist, parse_cpumask
-from .base import Context, Knob
+from .base import Context, Knob, process_table
 
 IRQ_DIR = "/proc/irq"
 IRQBALANCE_HINT = ("irqbalance is running and will move these IRQs back: stop it "
@@ -33,16 +33,7 @@ IRQBALANCE_HINT = ("irqbalance is running and will move these IRQs back: stop it
 
 def running_comms(ctx: Context) -> frozenset[str]:
     """The ``comm`` of every process under ``/proc`` (read once per context)."""
-
-    def load() -> frozenset[str]:
-        out = set()
-        for pid in ctx.fs.pids():
-            comm = ctx.fs.read_optional(f"/proc/{pid}/comm")
-            if comm:
-                out.add(comm)
-        return frozenset(out)
-
-    return ctx.cached("running_comms", load)
+    return frozenset(process_table(ctx))
 
 
 def _read_affinity(ctx: Context, irq: int) -> tuple[str | None, frozenset[int] | None, str]:
@@ -68,6 +59,7 @@ def _read_affinity(ctx: Context, irq: int) -> tuple[str | None, frozenset[int] |
 class IrqAffinityKnob(Knob):
     family = "irq"
     error_id = "irq.affinity"
+    ids = ("irq.affinity",)
     files = (f"{IRQ_DIR}/N/smp_affinity_list", f"{IRQ_DIR}/N/smp_affinity",
              f"{IRQ_DIR}/N/effective_affinity_list", "/sys/bus/pci/devices/*/msi_irqs/", "/proc/[pid]/comm")
 

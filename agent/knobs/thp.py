@@ -18,6 +18,7 @@ THP_DIR = "/sys/kernel/mm/transparent_hugepage"
 class ThpKnob(Knob):
     family = "thp"
     error_id = "thp.enabled"
+    ids = ("thp.enabled", "thp.defrag")
     files = (f"{THP_DIR}/enabled", f"{THP_DIR}/defrag", "/proc/cmdline")
 
     def wanted(self, profile) -> bool:
