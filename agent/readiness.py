@@ -367,6 +367,8 @@ def probe_checks(probes: Sequence[Mapping[str, Any]] | None, *, required: bool =
             if isinstance(ips, (int, float)):
                 bits.append(f"{ips:.0f} images/s")
             detail = "passed" + (f" ({', '.join(bits)})" if bits else "")
+            if status == "skipped":  # a busy GPU's previous verdict stands, or a MIG GPU not probed
+                detail = "skipped" + (f": {reasons}" if reasons else "") + (f"; previous run {detail}" if bits else "")
             out.append(Check(f"probe.{gpu}.passed", True, detail))
         else:
             hint = {"timeout": "the probe ran past its timeout: check the GPU for hangs and load",

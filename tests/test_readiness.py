@@ -165,3 +165,15 @@ def test_probe_timeout_and_publish_forbidden():
 def test_no_probe_yet_is_not_ready():
     v = verdict(profile=Profile(name="training"), audit=AUDIT_OK, gpus=[], probes=[])
     assert not v.ready and by_name(v)["probe.ran"].detail == "the probe has not completed yet"
+
+
+def test_a_skipped_probe_that_counts_as_passed_says_why():
+    from agent.readiness import probe_checks
+
+    mig = {"gpu": "1", "status": "skipped", "passed": True, "result": None,
+           "reasons": ["MIG mode is enabled on GPU 1: the probe runs on whole GPUs (not a failure)"]}
+    busy = {"gpu": "0", "status": "skipped", "passed": True, "result": {"accuracy": 0.95},
+            "reasons": ["GPU 0 is busy: the previous verdict stands"]}
+    c1, c0 = probe_checks([mig, busy])
+    assert c1.ok and c1.detail == "skipped: " + mig["reasons"][0]
+    assert c0.ok and c0.detail == "skipped: GPU 0 is busy: the previous verdict stands; previous run passed (accuracy 0.950)"
