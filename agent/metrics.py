@@ -22,7 +22,7 @@ from prometheus_client.registry import Collector
 from . import __version__
 
 if TYPE_CHECKING:  # pragma: no cover
-    from .app import Snapshot
+    from .snapshot import Snapshot
 
 GPU_LABELS = ("gpu", "UUID", "pci_bus_id", "modelName", "Hostname", "numa_node")
 

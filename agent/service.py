@@ -29,7 +29,7 @@ from dataclasses import dataclass, field
 from typing import Any, Callable
 
 from . import __version__
-from .app import AgentState, CollectorStatus, Snapshot, create_app
+from .snapshot import AgentState, CollectorStatus, Snapshot
 from .errors import InputError
 from .knobs import fixable
 from .readiness import Verdict, verdict
@@ -494,6 +494,8 @@ def serve(options: ServeOptions, *, stages: Stages | None = None,
           ready_callback: Callable[[int], None] | None = None) -> int:
     """Run the agent until SIGTERM/SIGINT; return 0. ``stages`` replaces :func:`default_stages`."""
     import uvicorn
+
+    from .app import create_app
 
     options.validate()
     stages = stages or default_stages(options)

@@ -9,7 +9,7 @@ import pytest
 from prometheus_client.parser import text_string_to_metric_families
 
 from agent import __version__
-from agent.app import CollectorStatus, Snapshot
+from agent.snapshot import CollectorStatus, Snapshot
 from agent.metrics import FAMILIES, SnapshotCollector, make_registry, nvml_bus_id, render_metrics
 from agent.policy import Profile
 from agent.readiness import verdict
