@@ -487,6 +487,14 @@ def test_podmonitor_scrapes_the_agent_port():
     assert daemonset("audit")["spec"]["template"]["metadata"]["labels"]["app.kubernetes.io/name"] == "gpu-tune"
 
 
+def test_rules_and_dashboard_need_no_per_target_series():
+    """gpu_tune_setting_target_compliant exists only with serve --metrics-targets: nothing shipped
+    may depend on it, nor on the per-target label of 0.1.0."""
+    shipped = RULES_FILE.read_text() + DASHBOARD.read_text()
+    assert "gpu_tune_setting_target_compliant" not in shipped
+    assert "$labels.target" not in shipped and "{{target}}" not in shipped
+
+
 def test_docs_explain_every_alert():
     text = (REPO / "docs" / "monitoring.md").read_text()
     missing = [a for a in alerts_in_rules() if a not in text]
@@ -511,8 +519,10 @@ def test_dashboard_configmap_and_queries(tmp_path):
     assert cm["data"] == {DASHBOARD.name: raw}
     exprs = dashboard_exprs(dash)
     used = " ".join(exprs)
-    for metric in ("gpu_tune_ready", "gpu_tune_setting_compliant", "gpu_tune_probe_train_images_per_second",
-                   "gpu_tune_probe_accuracy", "gpu_tune_gpu_pcie_link_generation", "gpu_tune_gpu_pcie_link_width"):
+    for metric in ("gpu_tune_ready", "gpu_tune_setting_compliant", "gpu_tune_setting_targets",
+                   "gpu_tune_probe_train_images_per_second", "gpu_tune_probe_gpu_busy_ratio",
+                   "gpu_tune_probe_fingerprint_info", "gpu_tune_probe_accuracy", "gpu_tune_gpu_pcie_link_generation",
+                   "gpu_tune_gpu_pcie_link_width"):
         assert metric in used, f"dashboard lacks {metric}"
     ids = [p["id"] for p in dash["panels"]]
     assert len(ids) == len(set(ids)), "panel ids must be unique"
