@@ -27,7 +27,6 @@ result without ``regimes`` (saved by an older probe) gives its ``train_images_pe
 
 from __future__ import annotations
 
-import math
 from collections import Counter
 from datetime import datetime
 from typing import TYPE_CHECKING, Any, Callable, Iterator, Mapping
@@ -37,16 +36,18 @@ from prometheus_client.core import GaugeMetricFamily
 from prometheus_client.registry import Collector
 
 from . import __version__
+from .probe_figures import identity as probe_identity
+from .probe_figures import number as _num
+from .probe_figures import result_of
+from .probe_figures import throughput as probe_throughput
 
 if TYPE_CHECKING:  # pragma: no cover
     from .snapshot import Snapshot
 
 GPU_LABELS = ("gpu", "UUID", "pci_bus_id", "modelName", "Hostname", "numa_node")
-REGIMES = ("launch_bound", "device_bound")
 # Statuses in the order their series are written (CONTRACT §3); others follow by name.
 STATUSES = ("ok", "drift", "conflict", "error", "unsupported")
 NONCOMPLIANT = ("drift", "conflict", "error")
-MAX_INFO_LABEL = 200  # characters kept of a free-text info label (peer_group)
 
 FAMILIES: dict[str, tuple[str, tuple[str, ...]]] = {
     "gpu_tune_build_info": ("gpu-tune build information (always 1)", ("version",)),
@@ -99,17 +100,6 @@ def rfc3339_to_epoch(text: Any) -> float | None:
         return None
 
 
-def _num(v: Any) -> float | None:
-    if isinstance(v, bool) or not isinstance(v, (int, float)) or not math.isfinite(v):
-        return None
-    return float(v)
-
-
-def _ratio(v: Any) -> float | None:
-    x = _num(v)
-    return x if x is not None and 0.0 <= x <= 1.0 else None
-
-
 def setting_rows(audit: Mapping[str, Any] | None) -> list[tuple[str, bool, dict[str, int]]]:
     """Per setting id, in audit order: (id, compliant, {status: targets}) with statuses in
     :data:`STATUSES` order and zero counts left out."""
@@ -122,38 +112,6 @@ def setting_rows(audit: Mapping[str, Any] | None) -> list[tuple[str, bool, dict[
         ordered.update({st: n for st, n in sorted(c.items()) if st not in ordered and n})
         out.append((sid, not any(c[st] for st in NONCOMPLIANT), ordered))
     return out
-
-
-def probe_throughput(result: Mapping[str, Any]) -> dict[str, dict[str, float]]:
-    """``{regime: {"images_per_second": x, "gpu_busy_fraction": y}}`` from a probe result, numbers
-    only; an old result without ``regimes`` gives its ``train_images_per_second`` as launch_bound."""
-    out: dict[str, dict[str, float]] = {}
-    regimes = result.get("regimes")
-    if isinstance(regimes, Mapping):
-        for regime in REGIMES:
-            r = regimes.get(regime)
-            if not isinstance(r, Mapping):
-                continue
-            vals = {}
-            ips, busy = _num(r.get("images_per_second")), _ratio(r.get("gpu_busy_fraction"))
-            if ips is not None:
-                vals["images_per_second"] = ips
-            if busy is not None:
-                vals["gpu_busy_fraction"] = busy
-            if vals:
-                out[regime] = vals
-    elif _num(result.get("train_images_per_second")) is not None:
-        out["launch_bound"] = {"images_per_second": _num(result["train_images_per_second"])}
-    return out
-
-
-def probe_identity(result: Mapping[str, Any]) -> tuple[str, str] | None:
-    """(fingerprint, peer_group) when the result has a non-empty fingerprint string."""
-    fp = result.get("fingerprint")
-    if not isinstance(fp, str) or not fp.strip():
-        return None
-    pg = result.get("peer_group")
-    return fp.strip(), (pg.strip()[:MAX_INFO_LABEL] if isinstance(pg, str) else "")
 
 
 def gpu_rows(snapshot: "Snapshot") -> list[dict[str, Any]]:
@@ -250,8 +208,7 @@ class SnapshotCollector(Collector):
         last = self._fam("gpu_tune_probe_last_success_timestamp_seconds")
         for p in snap.probes:
             lv = self._probe_labels(snap, labels_by_gpu, str(p.get("gpu", "")))
-            res = p.get("result")
-            res = res if isinstance(res, Mapping) else {}
+            res = result_of(p)
             if _num(res.get("accuracy")) is not None:
                 acc.add_metric(lv, _num(res["accuracy"]))
             fp = probe_identity(res)

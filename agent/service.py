@@ -108,7 +108,8 @@ class Stages:
     """The loop's stages. ``discover() -> Topology|dict``; ``audit()``/``enforce() -> Report|dict``;
     ``gpus() -> list[GpuInfo]``; ``identity() -> {"driver_version", "boot_id"}``;
     ``probe(topology, previous) -> list[ProbeVerdict|dict]``;
-    ``publish(verdict, topology_doc, gpu_docs, driver_version) -> PublishResult``;
+    ``publish(verdict, topology_doc, gpu_docs, driver_version, *, audit, probes) -> PublishResult``
+    (``audit`` and ``probes``: the documents the node summary annotation is made of);
     ``revert() -> (ok, rows)``; ``close()``."""
 
     node: str
@@ -189,13 +190,14 @@ def default_stages(options: ServeOptions) -> Stages:
             log.warning("probe results not saved for `gpu-tune label`: %s", err)
         return verdicts
 
-    def publish(v: Verdict, topology_doc, gpu_docs, driver_version):
+    def publish(v: Verdict, topology_doc, gpu_docs, driver_version, *, audit=None, probes=None):
         topo = dict(topology_doc or {})
         topo.setdefault("cuda_driver_version", backend.cuda_driver_version())
         want = desired_node_state(profile=profile.name, ready=v.ready, reason=v.reason(),
                                   message=v.message(), topology=topo, gpus=gpu_docs,
                                   driver_version=driver_version,
-                                  taint_when_not_ready=profile.readiness.taint)
+                                  taint_when_not_ready=profile.readiness.taint,
+                                  checks=v.checks, audit=audit, probes=probes)
         return publisher.publish(want)
 
     def revert():
@@ -370,7 +372,8 @@ class Agent:
             wait = self.first_publish_max_wait - (self.monotonic() - (self._started_at or 0.0))
             log.info("first publish waits for the first probe verdict (at most %.0fs more)", max(wait, 0.0))
         else:
-            pub, st = self._run("publish", lambda: self.stages.publish(pre, self._topology_doc, self._gpus, driver))
+            pub, st = self._run("publish", lambda: self.stages.publish(
+                pre, self._topology_doc, self._gpus, driver, audit=self._audit, probes=probes))
         statuses.append(st)
         if pub is None and st.success:
             pass

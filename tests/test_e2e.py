@@ -166,6 +166,9 @@ def test_serve_enforce_publishes_node_then_writes_nothing(tmp_path, procs):
         assert ann[ANNOTATION_OWNED] == ",".join(sorted(mine))
         topo = json.loads(ann[ANNOTATION_TOPOLOGY])
         assert len(topo["numa_nodes"]) == 1 and topo["gpus"] == []
+        summary = json.loads(ann[PREFIX + "summary"])  # what `gpu-tune fleet` reads
+        assert summary["drift"] == 0 and summary["failing"] == []
+        assert summary["probe"]["cpu"]["status"] == "passed" and summary["probe"]["cpu"]["accuracy"] > 0.5
         cond = condition(n)
         assert cond is not None and cond["status"] == "True" and cond["reason"] == "AllChecksPassed"
         assert n["spec"]["taints"] == [FOREIGN_TAINT]  # ours removed, the other kept as it was
@@ -246,6 +249,9 @@ def test_label_cli_publishes_once_then_nothing(tmp_path):
         assert n["spec"]["taints"] == [FOREIGN_TAINT] and condition(n)["status"] == "True"
         assert ours(n["metadata"]["labels"])[PREFIX + "ready"] == "true"
         assert all(n["metadata"]["labels"][k] == v for k, v in FOREIGN_LABELS.items())
+        summary = json.loads(n["metadata"]["annotations"][PREFIX + "summary"])
+        assert summary == {"v": 1, "drift": 0, "failing": [],
+                           "probe": {"cpu": {"status": "passed", "accuracy": 0.955, "launch_bound": 7600}}}
 
         second = gpu_tune(*cmd, "--node", node)
         assert second.returncode == 0, second.stdout + second.stderr

@@ -422,3 +422,24 @@ def test_unexpected_client_error_is_a_value(api, kubeconfig, monkeypatch):
     monkeypatch.setattr(pub._api, "read_node", boom)
     r = pub.publish(_want(True))
     assert not r.ok and "RuntimeError: client blew up" in r.detail
+
+
+def test_summary_annotation_published_once_and_steady_passes_write_nothing(api, kubeconfig):
+    from .test_labels import _want_with_summary
+
+    api.add_node("gpu-1")
+    pub = _pub(kubeconfig)
+    assert pub.publish(_want_with_summary()).ok
+    summary = json.loads(api.node("gpu-1")["metadata"]["annotations"]["gpu-tune.io/summary"])
+    assert summary["drift"] == 5 and summary["probe"]["0"]["device_bound"] == 99000
+    # the next passes: the GPU warmer and busier, the probe re-run a little slower: nothing to write
+    api.reset_counts()
+    for temp, util, launch in ((92.0, 88.0, 41100.0), (95.5, 97.0, 40700.0)):
+        r = pub.publish(_want_with_summary(temp=temp, util=util, launch=launch))
+        assert r.ok and r.writes == 0, r.changed
+    assert api.total_writes() == 0
+    # a new fingerprint is news: one metadata patch, no condition write, no Event
+    r = pub.publish(_want_with_summary(fp="deadbeef"))
+    assert r.writes == 1 and r.changed == ["annotation gpu-tune.io/summary updated"]
+    assert json.loads(api.node("gpu-1")["metadata"]["annotations"]["gpu-tune.io/summary"])["probe"]["0"][
+        "fingerprint"] == "deadbeef"
