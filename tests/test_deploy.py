@@ -30,7 +30,7 @@ DASHBOARD = MON_DIR / "dashboards" / "gpu-tune.json"
 K8S_VERSION = "1.33"
 OVERLAYS = ("audit", "training", "inference")
 KUSTOMIZATIONS = ("base", "overlays/audit", "overlays/training", "overlays/inference", "overlays/minikube",
-                  "monitoring", ".")
+                  "monitoring", "fleet-viewer", ".")
 OPERATOR_KINDS = {("monitoring.coreos.com/v1", "PodMonitor"), ("monitoring.coreos.com/v1", "ServiceMonitor"),
                   ("monitoring.coreos.com/v1", "PrometheusRule")}
 GPU_KEYS = ("feature.node.kubernetes.io/pci-10de.present", "nvidia.com/gpu.present")
@@ -107,6 +107,8 @@ def test_kustomize_renders(kdir):
     kinds = sorted(d["kind"] for d in render(kdir))
     if kdir == "monitoring":
         assert kinds == ["ConfigMap", "PodMonitor", "PrometheusRule"]
+    elif kdir == "fleet-viewer":
+        assert kinds == ["ClusterRole"]
     else:
         assert kinds == sorted(["Namespace", "ServiceAccount", "ClusterRole", "ClusterRoleBinding",
                                 "ConfigMap", "DaemonSet"])
@@ -195,6 +197,18 @@ def test_cluster_role_is_minimal():
     assert binding["subjects"] == [{"kind": "ServiceAccount", "name": sa["metadata"]["name"],
                                     "namespace": sa["metadata"]["namespace"]}]
     assert ds["spec"]["template"]["spec"]["serviceAccountName"] == sa["metadata"]["name"]
+
+
+def test_fleet_viewer_role_is_read_only_nodes():
+    """People running `gpu-tune fleet` get nodes get/list and nothing else (no watch, no write,
+    no secrets); the agent's own role stays what it was."""
+    (role,) = render("fleet-viewer")
+    assert role["kind"] == "ClusterRole" and role["metadata"]["name"] == "gpu-tune-fleet-viewer"
+    grants = {(g, r, v) for rule in role["rules"] for g in rule["apiGroups"] for r in rule["resources"]
+              for v in rule["verbs"]}
+    assert grants == {("", "nodes", "get"), ("", "nodes", "list")}
+    assert all("resourceNames" not in r and "nonResourceURLs" not in r for r in role["rules"])
+    assert "fleet-viewer" not in json.dumps(render("."))  # not deployed with the agent
 
 
 # -- the DaemonSet ----------------------------------------------------------------------------

@@ -443,3 +443,44 @@ def test_summary_annotation_published_once_and_steady_passes_write_nothing(api, 
     assert r.writes == 1 and r.changed == ["annotation gpu-tune.io/summary updated"]
     assert json.loads(api.node("gpu-1")["metadata"]["annotations"]["gpu-tune.io/summary"])["probe"]["0"][
         "fingerprint"] == "deadbeef"
+
+
+def test_plan_heartbeat_only_when_due():
+    """A steady node gets its GPUHostReady condition re-written once it is heartbeat_s old (so that
+    `gpu-tune fleet` can tell a running agent from a stopped one), never in between."""
+    want = _want(True)
+    first = plan_node({"metadata": {}, "status": {}}, want, now="2025-01-01T00:00:00Z").condition
+    node = {"metadata": {"labels": {}, "annotations": {}}, "status": {"conditions": [
+        {**first, "lastTransitionTime": "2024-12-01T00:00:00Z"}]}}
+    t0 = 1735689600.0  # 2025-01-01T00:00:00Z
+    assert plan_node(node, want, heartbeat_s=600, now_ts=t0 + 599).condition is None
+    assert plan_node(node, want, heartbeat_s=None, now_ts=t0 + 86400).condition is None
+    plan = plan_node(node, want, now="2025-01-01T00:10:00Z", heartbeat_s=600, now_ts=t0 + 600)
+    assert plan.condition == {**first, "lastHeartbeatTime": "2025-01-01T00:10:00Z",
+                              "lastTransitionTime": "2024-12-01T00:00:00Z"}
+    assert not plan.transition
+    assert [c for c in plan.changed if c.startswith("condition")] == [
+        f"condition {CONDITION_TYPE} heartbeat (600s since the last)"]
+    # an unreadable heartbeat is written again
+    node["status"]["conditions"][0]["lastHeartbeatTime"] = "yesterday"
+    assert plan_node(node, want, heartbeat_s=600).condition is not None
+
+
+def test_heartbeat_over_http_is_one_status_write_without_event(api, kubeconfig):
+    api.add_node("gpu-1")
+    pub = _pub(kubeconfig, heartbeat_s=1.0)
+    assert pub.publish(_want(True)).ok
+    before = api.node("gpu-1")
+    events = len(api.events_for("gpu-1"))
+    api.reset_counts()
+    assert pub.publish(_want(True)).writes == 0  # within the heartbeat
+    time.sleep(2.1)  # condition times have one-second resolution
+    r = pub.publish(_want(True))
+    assert r.ok and r.writes == 1 and r.changed == [c for c in r.changed if "heartbeat" in c]
+    assert [(m, p.rsplit("/", 1)[-1]) for m, p, _, _ in api.bodies] == [("PATCH", "status")]
+    old = [c for c in before["status"]["conditions"] if c["type"] == CONDITION_TYPE][0]
+    new = [c for c in api.node("gpu-1")["status"]["conditions"] if c["type"] == CONDITION_TYPE][0]
+    assert new["lastHeartbeatTime"] > old["lastHeartbeatTime"]
+    assert new["lastTransitionTime"] == old["lastTransitionTime"] and new["status"] == "True"
+    assert len(api.events_for("gpu-1")) == events  # no Event for a heartbeat
+    assert pub.publish(_want(True)).writes == 0
