@@ -276,6 +276,47 @@ def plan_node(node: dict[str, Any], want: NodeWant, now: str | None = None, *,
     return NodePlan(metadata_patch=patch, condition=cond, transition=transition, changed=changed, skipped=skipped)
 
 
+# -- the HTTP calls --------------------------------------------------------------------------
+class CoreV1:
+    """The core/v1 calls gpu-tune makes (get, patch and list Nodes, create an Event), through the
+    kubernetes client's ``ApiClient``: its configuration, authentication, TLS and connection pool.
+
+    The generated ``CoreV1Api`` is not used: importing it builds a validator for each of its
+    ~1,000 endpoints, about 21 MB of resident memory and half a second of start time for the
+    four calls made here (``benchmarks/bench_agent.py``). Answers are the raw JSON bytes; a non-2xx
+    answer raises the client's ``ApiException``, as the generated methods do.
+    """
+
+    def __init__(self, configuration: Any) -> None:
+        from kubernetes import client
+
+        self.client = client.ApiClient(configuration)
+
+    def request(self, method: str, path: str, *, query: list[tuple[str, Any]] | None = None, body: Any = None,
+                content_type: str | None = None, timeout: Any = None) -> bytes:
+        from kubernetes.client.exceptions import ApiException
+
+        headers = {"Accept": "application/json"}
+        if body is not None:
+            headers["Content-Type"] = content_type or "application/json"
+        req = self.client.param_serialize(method=method, resource_path=path, query_params=query or [],
+                                          header_params=headers, body=body, auth_settings=["BearerToken"])
+        resp = self.client.call_api(*req, _request_timeout=timeout)
+        resp.read()
+        if not 200 <= resp.status <= 299:
+            raise ApiException.from_response(http_resp=resp, body=None, data=None)
+        return resp.data
+
+    def close(self) -> None:
+        self.client.close()
+
+
+def _node_path(name: str, sub: str = "") -> str:
+    from urllib.parse import quote
+
+    return f"/api/v1/nodes/{quote(name, safe='')}{sub}"
+
+
 # -- the real publisher -----------------------------------------------------------------------
 class _Conflict(Exception):
     pass
@@ -312,7 +353,7 @@ def _api_message(exc: Any) -> str:
 
 
 class KubePublisher:
-    """Publishes to one Node through the kubernetes client's CoreV1Api over HTTP(S)."""
+    """Publishes to one Node through the kubernetes client over HTTP(S) (:class:`CoreV1`)."""
 
     enabled = True
 
@@ -332,16 +373,13 @@ class KubePublisher:
         heartbeat_s: float | None = HEARTBEAT_S,
         sleep: Callable[[float], None] = time.sleep,
     ) -> None:
-        from kubernetes import client
-
         self._heartbeat = heartbeat_s
 
         configuration.retries = False  # retries are ours: bounded, with jitter, 409-aware
         self.node = node_name
         self.source = source
         self._host = configuration.host
-        self._client = client.ApiClient(configuration)
-        self._api = client.CoreV1Api(self._client)
+        self._api = CoreV1(configuration)
         self._event_ns = event_namespace
         self._timeout = request_timeout
         self._attempts = max(1, attempts)
@@ -359,7 +397,7 @@ class KubePublisher:
 
     def close(self) -> None:
         try:
-            self._client.close()
+            self._api.close()
         except Exception:  # noqa: BLE001 - closing a pool must not fail a shutdown
             pass
 
@@ -377,9 +415,7 @@ class KubePublisher:
                 ctx.reads += 1
             retry_after = 0.0
             try:
-                resp = fn()
-                data = resp.data if hasattr(resp, "data") else resp.read()
-                return json.loads(data or b"{}")
+                return json.loads(fn() or b"{}")
             except ApiException as exc:
                 status = int(exc.status or 0)
                 if status == 409 and resource.startswith("nodes"):
@@ -411,8 +447,8 @@ class KubePublisher:
         raise _Failed(f"{verb} {resource}: API server {self._host} unavailable after {attempt} attempts ({last})")
 
     def _read_node(self, ctx: _Pass) -> dict[str, Any]:
-        node = self._call(ctx, "get", "nodes", lambda: self._api.read_node(
-            self.node, _preload_content=False, _request_timeout=self._timeout), write=False)
+        node = self._call(ctx, "get", "nodes", lambda: self._api.request(
+            "GET", _node_path(self.node), timeout=self._timeout), write=False)
         self._node_cache = node
         ctx.node = node
         return node
@@ -452,9 +488,9 @@ class KubePublisher:
             body = copy.deepcopy(plan.metadata_patch)
             body["metadata"]["resourceVersion"] = (node.get("metadata") or {}).get("resourceVersion")
             try:
-                node = self._call(ctx, "patch", "nodes", lambda: self._api.patch_node(
-                    self.node, body, field_manager=COMPONENT, _content_type=MERGE_PATCH,
-                    _preload_content=False, _request_timeout=self._timeout), write=True)
+                node = self._call(ctx, "patch", "nodes", lambda: self._api.request(
+                    "PATCH", _node_path(self.node), query=[("fieldManager", COMPONENT)], body=body,
+                    content_type=MERGE_PATCH, timeout=self._timeout), write=True)
                 self._node_cache = node
             except _Conflict:
                 node = self._read_node(ctx)
@@ -470,9 +506,9 @@ class KubePublisher:
                 break
             body = {"status": {"conditions": [plan.condition]}}
             try:
-                node = self._call(ctx, "patch", "nodes/status", lambda: self._api.patch_node_status(
-                    self.node, body, field_manager=COMPONENT, _content_type=STRATEGIC_MERGE_PATCH,
-                    _preload_content=False, _request_timeout=self._timeout), write=True)
+                node = self._call(ctx, "patch", "nodes/status", lambda: self._api.request(
+                    "PATCH", _node_path(self.node, "/status"), query=[("fieldManager", COMPONENT)], body=body,
+                    content_type=STRATEGIC_MERGE_PATCH, timeout=self._timeout), write=True)
                 self._node_cache = node
             except _Conflict:
                 node = self._read_node(ctx)
@@ -486,10 +522,11 @@ class KubePublisher:
 
         if self._pending_event is not None:
             ev = self._pending_event
-            # (the generated create_* methods ignore _content_type; the header is set directly)
-            self._call(ctx, "create", "events", lambda: self._api.create_namespaced_event(
-                self._event_ns, ev, _headers={"Content-Type": "application/json"}, _preload_content=False,
-                _request_timeout=self._timeout), write=True)
+            from urllib.parse import quote
+
+            self._call(ctx, "create", "events", lambda: self._api.request(
+                "POST", f"/api/v1/namespaces/{quote(self._event_ns, safe='')}/events", body=ev,
+                timeout=self._timeout), write=True)
             self._pending_event = None
             ctx.changed.append(f"event {ev['reason']}")
 
@@ -659,13 +696,11 @@ def list_nodes(configuration: Any, *, selector: str | None = None, page_size: in
     5xx are retried (``attempts`` per page). Raises InputError for a selector the server rejects,
     ClusterError for everything else that stops the list."""
     import urllib3
-    from kubernetes import client
     from kubernetes.client.exceptions import ApiException
 
     configuration.retries = False
     server = configuration.host
-    api_client = client.ApiClient(configuration)
-    api = client.CoreV1Api(api_client)
+    api = CoreV1(configuration)
     items: list[dict[str, Any]] = []
     token: str | None = None
     pages = 0
@@ -674,13 +709,12 @@ def list_nodes(configuration: Any, *, selector: str | None = None, page_size: in
         while True:
             for attempt in range(1, max(1, attempts) + 1):
                 try:
-                    kw: dict[str, Any] = {"limit": page_size, "_preload_content": False, "_request_timeout": timeout}
+                    query: list[tuple[str, Any]] = [("limit", page_size)]
                     if selector:
-                        kw["label_selector"] = selector
+                        query.append(("labelSelector", selector))
                     if token:
-                        kw["_continue"] = token
-                    resp = api.list_node(**kw)
-                    doc = json.loads(resp.data or b"{}")
+                        query.append(("continue", token))
+                    doc = json.loads(api.request("GET", "/api/v1/nodes", query=query, timeout=timeout) or b"{}")
                     break
                 except ApiException as exc:
                     status = int(exc.status or 0)
@@ -720,4 +754,4 @@ def list_nodes(configuration: Any, *, selector: str | None = None, page_size: in
             if not token:
                 return NodeListing(items=items, pages=pages, server=server, source=source)
     finally:
-        api_client.close()
+        api.close()
