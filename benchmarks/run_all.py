@@ -35,6 +35,7 @@ REPO = HERE.parent
 # SETTINGS are the figures the README reports; QUICK trades precision for time.
 SETTINGS: dict[str, list[str]] = {
     "bench_audit.py": ["--runs", "15"],
+    "bench_metrics.py": ["--runs", "5"],
     "bench_topology.py": ["--runs", "15", "--process-runs", "7"],
     "bench_kube.py": ["--agents", "500"],
     "bench_fleet.py": ["--nodes", "1000", "--runs", "7"],
@@ -44,6 +45,7 @@ SETTINGS: dict[str, list[str]] = {
 }
 QUICK: dict[str, list[str]] = {
     "bench_audit.py": ["--runs", "7"],
+    "bench_metrics.py": ["--runs", "3"],
     "bench_topology.py": ["--runs", "7", "--process-runs", "3"],
     "bench_kube.py": ["--agents", "100"],
     "bench_fleet.py": ["--nodes", "1000", "--runs", "3"],
