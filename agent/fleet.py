@@ -35,7 +35,6 @@ from __future__ import annotations
 import json
 import time
 from dataclasses import dataclass, field
-from datetime import datetime, timezone
 from typing import Any, Iterable, Mapping
 
 from .labels import (
@@ -46,6 +45,8 @@ from .labels import (
     LABEL_PROFILE,
     PREFIX,
 )
+from .timestamps import format_rfc3339 as _rfc3339
+from .timestamps import parse_rfc3339 as _epoch
 
 GPU_NODE_LABELS = ("nvidia.com/gpu.present", "feature.node.kubernetes.io/pci-10de.present")
 STALE_AFTER_S = 30 * 60.0
@@ -134,19 +135,6 @@ class FleetReport:
 
 
 # -- judging ----------------------------------------------------------------------------------
-def _rfc3339(ts: float) -> str:
-    return datetime.fromtimestamp(ts, timezone.utc).strftime("%Y-%m-%dT%H:%M:%SZ")
-
-
-def _epoch(stamp: Any) -> float | None:
-    if not isinstance(stamp, str) or not stamp:
-        return None
-    try:
-        return datetime.fromisoformat(stamp.replace("Z", "+00:00")).timestamp()
-    except ValueError:
-        return None
-
-
 def _condition(node: Mapping[str, Any], ctype: str) -> Mapping[str, Any] | None:
     for c in ((node.get("status") or {}).get("conditions") or []):
         if isinstance(c, Mapping) and c.get("type") == ctype:

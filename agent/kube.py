@@ -176,14 +176,10 @@ def find_condition(node: dict[str, Any], ctype: str = CONDITION_TYPE) -> dict[st
 
 def _age_s(stamp: Any, now_ts: float) -> float | None:
     """Seconds since an RFC 3339 time; None when it cannot be read."""
-    if not isinstance(stamp, str) or not stamp:
-        return None
-    from datetime import datetime
+    from .timestamps import parse_rfc3339
 
-    try:
-        return now_ts - datetime.fromisoformat(stamp.replace("Z", "+00:00")).timestamp()
-    except ValueError:
-        return None
+    then = parse_rfc3339(stamp)
+    return None if then is None else now_ts - then
 
 
 def plan_node(node: dict[str, Any], want: NodeWant, now: str | None = None, *,

@@ -28,7 +28,6 @@ result without ``regimes`` (saved by an older probe) gives its ``train_images_pe
 from __future__ import annotations
 
 from collections import Counter
-from datetime import datetime
 from typing import TYPE_CHECKING, Any, Callable, Iterator, Mapping
 
 from prometheus_client import CollectorRegistry, generate_latest
@@ -89,15 +88,6 @@ def nvml_bus_id(bus_id: str | None) -> str:
     if len(parts) == 2:
         return f"00000000:{parts[0].upper()}:{parts[1].upper()}"
     return s.upper()
-
-
-def rfc3339_to_epoch(text: Any) -> float | None:
-    if not isinstance(text, str) or not text:
-        return None
-    try:
-        return datetime.fromisoformat(text.replace("Z", "+00:00")).timestamp()
-    except ValueError:
-        return None
 
 
 def setting_rows(audit: Mapping[str, Any] | None) -> list[tuple[str, bool, dict[str, int]]]:

@@ -420,9 +420,9 @@ class Agent:
                 results.append(d)
                 raw[str(d.get("gpu"))] = v
                 if d.get("passed"):
-                    from .metrics import rfc3339_to_epoch
+                    from .timestamps import parse_rfc3339
 
-                    new.last_success[str(d.get("gpu"))] = rfc3339_to_epoch(d.get("finished_at")) or self.clock()
+                    new.last_success[str(d.get("gpu"))] = parse_rfc3339(d.get("finished_at")) or self.clock()
             new.results, new.raw, new.error = tuple(results), raw, None
         else:
             new.error = st.error

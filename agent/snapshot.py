@@ -13,15 +13,11 @@ import json
 import threading
 import time
 from dataclasses import dataclass, field
-from datetime import datetime, timezone
 from typing import Any, Mapping
 
 from .metrics import render_metrics
 from .readiness import Verdict
-
-
-def rfc3339(ts: float) -> str:
-    return datetime.fromtimestamp(ts, timezone.utc).strftime("%Y-%m-%dT%H:%M:%SZ")
+from .timestamps import format_rfc3339 as rfc3339
 
 
 def dumps(obj: Any) -> bytes:

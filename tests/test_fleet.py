@@ -19,21 +19,12 @@ import pytest
 from agent.fleet import NOT_READY, NOT_REPORTING, READY, age, fleet_report, judge_node, render_table
 from agent.kube import list_nodes, reader_configuration
 from tests.fixtures.fleet import MIX, agent_node, agent_want, make_node, populate
-from tests.kubeapi import KubeAPIServer, write_kubeconfig
+from tests.kubeapi import write_kubeconfig
 
 from .conftest import run_cli
 
 NOW = time.time()
 VENV_BIN = Path(sys.executable).parent
-
-
-@pytest.fixture()
-def api():
-    srv = KubeAPIServer().start()
-    try:
-        yield srv
-    finally:
-        srv.stop()
 
 
 @pytest.fixture()

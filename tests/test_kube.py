@@ -13,7 +13,7 @@ import pytest
 from agent.errors import InputError
 from agent.kube import KubePublisher, NullPublisher, make_publisher, plan_node
 from agent.labels import ANNOTATION_OWNED, CONDITION_TYPE, TAINT_KEY, desired_node_state
-from tests.kubeapi import KubeAPIServer, write_kubeconfig
+from tests.kubeapi import write_kubeconfig
 
 FAST = dict(backoff_base_s=0.01, backoff_cap_s=0.05, retry_budget_s=5.0, attempts=4,
             request_timeout=(1.0, 3.0))
@@ -37,15 +37,6 @@ def _want(ready: bool, *, reason: str = "", message: str = "", profile: str = "t
                               message=message or ("all checks passed" if ready else "probe has not run yet"),
                               topology=_topology(n), gpus=gpus, driver_version="570.124.06",
                               taint_when_not_ready=taint)
-
-
-@pytest.fixture()
-def api():
-    srv = KubeAPIServer().start()
-    try:
-        yield srv
-    finally:
-        srv.stop()
 
 
 @pytest.fixture()
