@@ -5,7 +5,8 @@ A probe verdict's ``result`` is the workload's JSON: ``accuracy``; ``fingerprint
 string, equal on healthy peers) and ``peer_group`` (GPU model and software versions); per regime
 (``launch_bound``: small batches, the host's share; ``device_bound``: large batches with the data
 on the GPU) ``images_per_second`` and ``gpu_busy_fraction`` (0..1). A result saved by an older probe
-has only ``train_images_per_second``: it stands for the launch-bound regime.
+has only ``train_images_per_second``: it stands for the launch-bound regime (read as
+``agent.probe.judge.regime_figures`` reads it, without importing the probe package).
 """
 
 from __future__ import annotations
@@ -36,10 +37,11 @@ def result_of(verdict: Mapping[str, Any]) -> Mapping[str, Any]:
 
 
 def throughput(result: Mapping[str, Any]) -> dict[str, dict[str, float]]:
-    """``{regime: {"images_per_second": x, "gpu_busy_fraction": y}}``, numbers only."""
+    """``{regime: {"images_per_second": x, "gpu_busy_fraction": y}}``, numbers only; without
+    ``regimes`` (or with none in it) the old ``train_images_per_second`` is the launch-bound one."""
     out: dict[str, dict[str, float]] = {}
     regimes = result.get("regimes")
-    if isinstance(regimes, Mapping):
+    if isinstance(regimes, Mapping) and regimes:
         for regime in REGIMES:
             r = regimes.get(regime)
             if not isinstance(r, Mapping):

@@ -152,9 +152,10 @@ def test_probe_families_from_the_result_shape():
     (probe_result(busy_launch=None, busy_device=None), 2, 0, True),
     (probe_result(busy_launch=1.7, busy_device=float("nan")), 2, 0, True),
     (probe_result(busy_launch="0.3"), 2, 1, True),
-    # one regime missing; regimes present but empty: no fallback to the old field
+    # one regime missing; no regime in it (a failed run): the old field, as the probe's judge reads it
     ({**probe_result(), "regimes": {"device_bound": {"images_per_second": 5.0}}}, 1, 0, True),
-    ({**probe_result(), "regimes": {}, "train_images_per_second": 7.0}, 0, 0, True),
+    ({**probe_result(), "regimes": {}, "train_images_per_second": 7.0}, 1, 0, True),
+    ({**probe_result(), "regimes": {}, "train_images_per_second": None}, 0, 0, True),
     # the whole result missing or not a mapping (a crashed probe)
     (None, 0, 0, False),
     ("garbage", 0, 0, False),
@@ -248,3 +249,19 @@ def test_series_budget_on_the_8_gpu_224_cpu_fixture(tmp_path):
                                         ("00000000:3B:00.0", "00000000:3B:00.0"), (None, "")])
 def test_nvml_bus_id(given, want):
     assert nvml_bus_id(given) == want
+
+
+@pytest.mark.parametrize("result", [
+    probe_result(), probe_result(busy_launch=None), {"accuracy": 0.9, "train_images_per_second": 5000.0},
+    {**probe_result(), "regimes": {}, "train_images_per_second": 7.0}, {"regimes": {}}, {},
+    {**probe_result(), "regimes": {"device_bound": {"images_per_second": 5.0}}},
+])
+def test_metrics_read_the_regimes_as_the_probe_judge_does(result):
+    """The exposition and the summary annotation read a result's throughput the way the probe's
+    own judge does (agent/probe/judge.py), old saved results included."""
+    from agent.probe.judge import regime_figures
+    from agent.probe_figures import throughput
+
+    judged = {k: v.get("images_per_second") for k, v in regime_figures(result).items()
+              if v.get("images_per_second") is not None}
+    assert {k: v["images_per_second"] for k, v in throughput(result).items()} == judged
