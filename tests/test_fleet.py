@@ -96,6 +96,7 @@ def test_age(seconds, text):
 
 
 # -- the CLI against the API server -------------------------------------------------------------
+@pytest.mark.slow
 def test_fleet_json_lists_every_gpu_node_in_one_paged_list(fleet):
     api, kc, expected = fleet
     proc = fleet_cli(kc, "-o", "json", "--chunk-size", "7")
@@ -133,6 +134,7 @@ def test_fleet_json_lists_every_gpu_node_in_one_paged_list(fleet):
     assert {(m, p) for m, p, _ in api.calls} == {("GET", "/api/v1/nodes")}
 
 
+@pytest.mark.slow
 def test_fleet_table_and_summary_lines(fleet):
     api, kc, expected = fleet
     proc = fleet_cli(kc)
@@ -156,6 +158,7 @@ def test_fleet_table_and_summary_lines(fleet):
     assert proc.stderr == ""
 
 
+@pytest.mark.slow
 def test_selector_is_sent_to_the_server_and_all_ready_exits_0(fleet):
     api, kc, expected = fleet
     proc = fleet_cli(kc, "-o", "json", "-l", "gpu-tune.io/gpu-product=NVIDIA-A100-SXM4-80GB")
@@ -173,6 +176,7 @@ def test_selector_is_sent_to_the_server_and_all_ready_exits_0(fleet):
     assert proc.stdout.strip().startswith("no GPU nodes: none of the 0 nodes listed")
 
 
+@pytest.mark.slow
 def test_no_gpu_nodes_at_all(api, tmp_path):
     for i in range(3):
         obj, _ = make_node("cpu-only", f"cpu-{i}", NOW)
@@ -184,6 +188,7 @@ def test_no_gpu_nodes_at_all(api, tmp_path):
         "nodes": []}
 
 
+@pytest.mark.slow
 def test_stale_after_flag(fleet):
     api, kc, expected = fleet
     stale = [k for k, v in expected.items() if v and "stale" in v.reasons]
@@ -220,12 +225,14 @@ def test_429_and_500_are_retried(fleet):
 
 
 # -- errors: one line, the right exit code, never a traceback ------------------------------------
+@pytest.mark.slow
 def test_bad_selector_is_bad_input(fleet):
     api, kc, _ = fleet
     err = one_line_error(fleet_cli(kc, "-l", "gpu-tune.io/profile in training"), 2)
     assert "--selector 'gpu-tune.io/profile in training'" in err and "unable to parse requirement" in err
 
 
+@pytest.mark.slow
 def test_api_server_down_is_one_line_exit_3(api, tmp_path):
     kc = str(write_kubeconfig(tmp_path / "kc", api.url))
     api.stop()
@@ -233,6 +240,7 @@ def test_api_server_down_is_one_line_exit_3(api, tmp_path):
     assert f"cannot reach the API server {api.url}" in err and "refused" in err.lower()
 
 
+@pytest.mark.slow
 def test_forbidden_names_the_cluster_role(fleet):
     api, kc, _ = fleet
     api.fail(r"^/api/v1/nodes$", 403)
@@ -241,12 +249,14 @@ def test_forbidden_names_the_cluster_role(fleet):
     assert "--clusterrole=gpu-tune-fleet-viewer" in err
 
 
+@pytest.mark.slow
 def test_bad_credentials(api, tmp_path):
     kc = str(write_kubeconfig(tmp_path / "kc", api.url, token="wrong"))
     err = one_line_error(fleet_cli(kc), 3)
     assert "unauthorized" in err and f"--kubeconfig {kc}" in err
 
 
+@pytest.mark.slow
 def test_server_error_after_retries(fleet):
     api, kc, _ = fleet
     api.fail(r"^/api/v1/nodes$", 500)
@@ -254,12 +264,14 @@ def test_server_error_after_retries(fleet):
     assert "HTTP 500" in err
 
 
+@pytest.mark.slow
 def test_no_cluster_configured(tmp_path):
     env = {"HOME": str(tmp_path), "KUBECONFIG": "", "KUBERNETES_SERVICE_HOST": ""}
     err = one_line_error(fleet_cli(None, env=env), 2)
     assert "no cluster configured" in err and "--kubeconfig" in err
 
 
+@pytest.mark.slow
 def test_kubeconfig_from_env_and_home(fleet, tmp_path):
     api, kc, _ = fleet
     proc = fleet_cli(None, "-o", "json", env={"KUBECONFIG": kc})
@@ -271,6 +283,7 @@ def test_kubeconfig_from_env_and_home(fleet, tmp_path):
     assert proc.returncode == 1 and len(json.loads(proc.stdout)["nodes"]) == 49
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("args, what", [
     (["--kubeconfig", "/nonexistent/kubeconfig"], "--kubeconfig /nonexistent/kubeconfig: no such file"),
     (["--context", "nope"], "--context nope: no such context"),
@@ -286,6 +299,7 @@ def test_bad_flags(fleet, args, what):
     assert api.list_calls == []
 
 
+@pytest.mark.slow
 def test_malformed_kubeconfig(tmp_path):
     bad = tmp_path / "kc"
     bad.write_text("clusters: [this is: not valid")
@@ -294,6 +308,7 @@ def test_malformed_kubeconfig(tmp_path):
 
 
 # -- the kubectl plugin -----------------------------------------------------------------------------
+@pytest.mark.slow
 def test_kubectl_plugin(fleet):
     api, kc, _ = fleet
     kubectl = VENV_BIN / "kubectl"
