@@ -36,13 +36,14 @@ def main() -> int:
     big_args = ["--root", str(big), "--gpu-backend", "fixture", "--gpu-fixture", str(fixture)]
     # interleaved, so that a noisy neighbour slows every command alike
     runs: dict[str, list[float]] = {"version": [], "big": [], "big_json": [], "small": []}
+    cpu: dict[str, list[float]] = {k: [] for k in runs}
     argv = {"version": [*cmd, "--version"],
             "big": [*cmd, *big_args, "audit", "--profile", "training"],
             "big_json": [*cmd, *big_args, "-o", "json", "audit"],
             "small": [*cmd, "--root", str(small), "--gpu-backend", "none", "audit", "--profile", "training"]}
     for _ in range(a.runs):
         for k, v in argv.items():
-            runs[k] += time_process(v, runs=1, warmup=0 if runs[k] else 2)
+            runs[k] += time_process(v, runs=1, warmup=0 if runs[k] else 2, cpu=cpu[k])
 
     sys.path.insert(0, str(REPO))
     from agent.engine import audit, make_context
@@ -79,6 +80,9 @@ def main() -> int:
     print(f"  -o json                {median_ms(runs['big_json']):7.1f} ms")
     print(f"  2-CPU fixture          {ms:7.1f} ms   (224-CPU / 2-CPU {mb / ms:.2f} x, target < 1.5 x)")
     print(f"  gpu-tune --version     {mv:7.1f} ms   (audit / --version {mb / mv:.2f} x)")
+    cb, cv = median_ms(cpu["big"]), median_ms(cpu["version"])
+    print(f"  CPU time (user+system), less moved by other load: audit {cb:.0f} ms, --version {cv:.0f} ms "
+          f"({cb / cv:.2f} x)")
     print(f"engine audit in-process, 8-GPU fixture, {rows} rows: median {median_ms(inproc):.1f} ms "
           f"(min {min(inproc) * 1000:.1f}, max {max(inproc) * 1000:.1f}) (target < 50 ms)")
     print(f"IRQ files read per audit: {sum(irq_reads.values())} reads of {len(irq_reads)} files "
