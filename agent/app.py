@@ -1,17 +1,11 @@
 """The read-only HTTP API (CONTRACT §4), answered from the latest immutable snapshot.
 
 A request never runs an audit or a probe and never changes the host: every body is rendered
-once when the loop publishes a snapshot, so a request returns prepared bytes.
+once when the loop publishes a snapshot (``agent/snapshot.py``), so a request returns prepared
+bytes.
 """
 
 from __future__ import annotations
-
-import json
-import threading
-import time
-from dataclasses import dataclass, field
-from datetime import datetime, timezone
-from typing import Any, Mapping
 
 from fastapi import FastAPI, Request
 from fastapi.exceptions import RequestValidationError
@@ -20,126 +14,11 @@ from pydantic import BaseModel
 from starlette.exceptions import HTTPException as StarletteHTTPException
 
 from . import __version__
-from .metrics import render_metrics
-from .readiness import Verdict
+from .snapshot import AgentState
+from .snapshot import dumps as _dumps
 
 PROM_CONTENT_TYPE = "text/plain; version=0.0.4; charset=utf-8"
 JSON_CONTENT_TYPE = "application/json"
-
-
-def rfc3339(ts: float) -> str:
-    return datetime.fromtimestamp(ts, timezone.utc).strftime("%Y-%m-%dT%H:%M:%SZ")
-
-
-def _dumps(obj: Any) -> bytes:
-    return json.dumps(obj, separators=(",", ":"), sort_keys=False).encode()
-
-
-@dataclass(frozen=True)
-class CollectorStatus:
-    """How one stage of the loop went in its latest run."""
-
-    name: str
-    success: bool
-    duration: float
-    error: str = ""
-
-
-@dataclass(frozen=True)
-class Snapshot:
-    """Everything the API serves, fixed at the end of a loop pass. Build with :meth:`build`."""
-
-    node: str
-    profile: str
-    verdict: Verdict
-    since: float  # when ``ready`` last changed (epoch seconds)
-    created: float
-    mode: str = "audit"
-    audit: Mapping[str, Any] | None = None
-    topology: Mapping[str, Any] | None = None
-    gpus: tuple[Mapping[str, Any], ...] = ()
-    probes: tuple[Mapping[str, Any], ...] = ()
-    probe_last_success: Mapping[str, float] = field(default_factory=dict)
-    collectors: tuple[CollectorStatus, ...] = ()
-    # pre-rendered bodies
-    readiness_body: bytes = b""
-    metrics_body: bytes = b""
-    audit_body: bytes = b""
-    topology_body: bytes = b""
-    probe_body: bytes = b""
-
-    @property
-    def readiness_status(self) -> int:
-        return 200 if self.verdict.ready else 503
-
-    def readiness_doc(self) -> dict[str, Any]:
-        return {"ready": self.verdict.ready, "node": self.node, "profile": self.profile,
-                "checks": [c.as_dict() for c in self.verdict.checks], "since": rfc3339(self.since)}
-
-    @classmethod
-    def build(cls, **kw: Any) -> "Snapshot":
-        kw["gpus"] = tuple(kw.get("gpus") or ())
-        kw["probes"] = tuple(kw.get("probes") or ())
-        kw["collectors"] = tuple(kw.get("collectors") or ())
-        kw["probe_last_success"] = dict(kw.get("probe_last_success") or {})
-        snap = cls(**kw)
-        bodies = {
-            "readiness_body": _dumps(snap.readiness_doc()),
-            "audit_body": _dumps(snap.audit) if snap.audit is not None else b"",
-            "topology_body": _dumps(snap.topology) if snap.topology is not None else b"",
-            "probe_body": _dumps([dict(p) for p in snap.probes]),
-        }
-        for k, v in bodies.items():
-            object.__setattr__(snap, k, v)
-        object.__setattr__(snap, "metrics_body", render_metrics(snap))
-        return snap
-
-
-class AgentState:
-    """The latest snapshot and the loop's liveness, shared by the loop and the API.
-
-    The snapshot is swapped whole (one attribute assignment), so a reader sees either the old or
-    the new one. ``alive()`` is false once no pass has completed within ``3 x interval`` (plus a
-    grace period for one slow pass).
-    """
-
-    def __init__(self, node: str, profile: str, interval: float, *, grace: float = 10.0,
-                 clock=time.monotonic) -> None:
-        self.node = node
-        self.profile = profile
-        self.interval = float(interval)
-        self.grace = grace
-        self.clock = clock
-        self.started = clock()
-        self.last_pass: float | None = None
-        self.passes = 0
-        self.snapshot: Snapshot | None = None
-        self._lock = threading.Lock()
-        self._not_ready_body = _dumps({
-            "ready": False, "node": node, "profile": profile,
-            "checks": [{"name": "agent.started", "ok": False,
-                        "detail": "the agent has not completed its first pass yet"}],
-            "since": rfc3339(time.time()),
-        })
-        self._empty_metrics = render_metrics(None)
-
-    def publish(self, snap: Snapshot) -> None:
-        with self._lock:
-            self.snapshot = snap
-            self.last_pass = self.clock()
-            self.passes += 1
-
-    def alive(self) -> tuple[bool, str]:
-        now = self.clock()
-        limit = 3 * self.interval + self.grace
-        ref = self.last_pass if self.last_pass is not None else self.started
-        age = now - ref
-        if age <= limit:
-            what = "last pass" if self.last_pass is not None else "started"
-            return True, f"{what} {age:.1f}s ago"
-        if self.last_pass is None:
-            return False, f"no pass completed in {age:.1f}s (limit {limit:.0f}s)"
-        return False, f"last pass completed {age:.1f}s ago (limit {limit:.0f}s)"
 
 
 # -- OpenAPI documentation models (responses are pre-rendered bytes of these shapes) ----------
@@ -216,7 +95,7 @@ def create_app(state: AgentState) -> FastAPI:
     async def readiness() -> Response:
         snap = state.snapshot
         if snap is None:
-            return Response(state._not_ready_body, status_code=503, media_type=JSON_CONTENT_TYPE)
+            return Response(state.not_ready_body, status_code=503, media_type=JSON_CONTENT_TYPE)
         return Response(snap.readiness_body, status_code=snap.readiness_status, media_type=JSON_CONTENT_TYPE)
 
     @app.get("/healthz", response_model=None, summary="Liveness of the agent's loop (200 alive, 500 not)",
@@ -256,7 +135,7 @@ def create_app(state: AgentState) -> FastAPI:
              responses={200: {"content": {PROM_CONTENT_TYPE: {}}}})
     async def metrics() -> Response:
         snap = state.snapshot
-        body = snap.metrics_body if snap is not None else state._empty_metrics
+        body = snap.metrics_body if snap is not None else state.empty_metrics
         return Response(body, media_type=PROM_CONTENT_TYPE)
 
     # HEAD on every GET endpoint (uptime checkers, load balancers), kept out of the schema.

@@ -20,13 +20,20 @@ One pass (:meth:`KubePublisher.publish`):
 4. When the ``GPUHostReady`` condition's status, reason or message differ: one strategic merge
    patch of ``nodes/status`` (conditions merge by ``type``, so the kubelet's are untouched).
    ``lastTransitionTime`` moves only when the status flips; ``lastHeartbeatTime`` is the time
-   of the write. A heartbeat alone is never written.
+   of the write. When nothing else changed, the condition is written again only once its
+   ``lastHeartbeatTime`` is older than ``heartbeat_s`` (default :data:`HEARTBEAT_S`, 10 minutes):
+   that is how ``gpu-tune fleet`` tells a live agent from a stopped one (``fleet --stale-after``).
+   Passes in between write nothing.
 5. On a status flip (or the first condition): one core v1 Event on the Node. If posting it
    fails, it is kept and posted on the next pass.
 
 409 -> read again and retry; 429, 5xx and connection errors -> retry with jittered exponential
 backoff (bounded in attempts and seconds); 403 -> the pass fails with the RBAC rule that is
 missing; failures are returned as a :class:`PublishResult`, never raised.
+
+For people (``gpu-tune fleet``): :func:`reader_configuration` finds a cluster the way kubectl
+does, and :func:`list_nodes` reads every Node in one paged list call (``limit`` + ``continue``),
+read-only; its failures are :class:`ClusterError` (exit 3) or :class:`InputError` (exit 2).
 """
 
 from __future__ import annotations
@@ -43,7 +50,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Callable, Protocol
 
-from .errors import InputError
+from .errors import GpuTuneError, InputError
 from .labels import (
     ANNOTATION_OWNED,
     CONDITION_TYPE,
@@ -63,6 +70,8 @@ MERGE_PATCH = "application/merge-patch+json"
 STRATEGIC_MERGE_PATCH = "application/strategic-merge-patch+json"
 EVENT_NAMESPACE = "default"  # where the kubelet and node controllers put Node events
 COMPONENT = "gpu-tune"
+HEARTBEAT_S = 600.0  # the GPUHostReady condition is re-written at least this often (seconds)
+LIST_PAGE_SIZE = 500  # Nodes per page of a list call (kubectl's default chunk size)
 
 
 # -- results ----------------------------------------------------------------------------------
@@ -165,8 +174,18 @@ def find_condition(node: dict[str, Any], ctype: str = CONDITION_TYPE) -> dict[st
     return None
 
 
-def plan_node(node: dict[str, Any], want: NodeWant, now: str | None = None) -> NodePlan:
-    """Diff the Node as read against what is wanted. Writes only what differs."""
+def _age_s(stamp: Any, now_ts: float) -> float | None:
+    """Seconds since an RFC 3339 time; None when it cannot be read."""
+    from .timestamps import parse_rfc3339
+
+    then = parse_rfc3339(stamp)
+    return None if then is None else now_ts - then
+
+
+def plan_node(node: dict[str, Any], want: NodeWant, now: str | None = None, *,
+              heartbeat_s: float | None = None, now_ts: float | None = None) -> NodePlan:
+    """Diff the Node as read against what is wanted. Writes only what differs, and the condition
+    again when its ``lastHeartbeatTime`` is ``heartbeat_s`` old (None: never)."""
     now = now or _now_rfc3339()
     meta = node.get("metadata") or {}
     labels = meta.get("labels") or {}
@@ -243,7 +262,55 @@ def plan_node(node: dict[str, Any], want: NodeWant, now: str | None = None) -> N
             changed.append(f"condition {CONDITION_TYPE}: {cur.get('status')} -> {cond['status']} ({cond['reason']})")
         else:
             changed.append(f"condition {CONDITION_TYPE} reason/message updated ({cond['reason']})")
+    elif heartbeat_s is not None and heartbeat_s > 0:
+        age = _age_s(cur.get("lastHeartbeatTime"), time.time() if now_ts is None else now_ts)
+        if age is None or age >= heartbeat_s:
+            cond = {"type": CONDITION_TYPE, **{k: cur.get(k, "") for k in ("status", "reason", "message")},
+                    "lastHeartbeatTime": now, "lastTransitionTime": cur.get("lastTransitionTime") or now}
+            changed.append(f"condition {CONDITION_TYPE} heartbeat"
+                           + (f" ({age:.0f}s since the last)" if age is not None else ""))
     return NodePlan(metadata_patch=patch, condition=cond, transition=transition, changed=changed, skipped=skipped)
+
+
+# -- the HTTP calls --------------------------------------------------------------------------
+class CoreV1:
+    """The core/v1 calls gpu-tune makes (get, patch and list Nodes, create an Event), through the
+    kubernetes client's ``ApiClient``: its configuration, authentication, TLS and connection pool.
+
+    The generated ``CoreV1Api`` is not used: importing it builds a validator for each of its
+    ~1,000 endpoints, about 21 MB of resident memory and half a second of start time for the
+    four calls made here (``benchmarks/bench_agent.py``). Answers are the raw JSON bytes; a non-2xx
+    answer raises the client's ``ApiException``, as the generated methods do.
+    """
+
+    def __init__(self, configuration: Any) -> None:
+        from kubernetes import client
+
+        self.client = client.ApiClient(configuration)
+
+    def request(self, method: str, path: str, *, query: list[tuple[str, Any]] | None = None, body: Any = None,
+                content_type: str | None = None, timeout: Any = None) -> bytes:
+        from kubernetes.client.exceptions import ApiException
+
+        headers = {"Accept": "application/json"}
+        if body is not None:
+            headers["Content-Type"] = content_type or "application/json"
+        req = self.client.param_serialize(method=method, resource_path=path, query_params=query or [],
+                                          header_params=headers, body=body, auth_settings=["BearerToken"])
+        resp = self.client.call_api(*req, _request_timeout=timeout)
+        resp.read()
+        if not 200 <= resp.status <= 299:
+            raise ApiException.from_response(http_resp=resp, body=None, data=None)
+        return resp.data
+
+    def close(self) -> None:
+        self.client.close()
+
+
+def _node_path(name: str, sub: str = "") -> str:
+    from urllib.parse import quote
+
+    return f"/api/v1/nodes/{quote(name, safe='')}{sub}"
 
 
 # -- the real publisher -----------------------------------------------------------------------
@@ -282,7 +349,7 @@ def _api_message(exc: Any) -> str:
 
 
 class KubePublisher:
-    """Publishes to one Node through the kubernetes client's CoreV1Api over HTTP(S)."""
+    """Publishes to one Node through the kubernetes client over HTTP(S) (:class:`CoreV1`)."""
 
     enabled = True
 
@@ -299,16 +366,16 @@ class KubePublisher:
         backoff_base_s: float = 0.2,
         backoff_cap_s: float = 5.0,
         retry_budget_s: float = 20.0,
+        heartbeat_s: float | None = HEARTBEAT_S,
         sleep: Callable[[float], None] = time.sleep,
     ) -> None:
-        from kubernetes import client
+        self._heartbeat = heartbeat_s
 
         configuration.retries = False  # retries are ours: bounded, with jitter, 409-aware
         self.node = node_name
         self.source = source
         self._host = configuration.host
-        self._client = client.ApiClient(configuration)
-        self._api = client.CoreV1Api(self._client)
+        self._api = CoreV1(configuration)
         self._event_ns = event_namespace
         self._timeout = request_timeout
         self._attempts = max(1, attempts)
@@ -326,7 +393,7 @@ class KubePublisher:
 
     def close(self) -> None:
         try:
-            self._client.close()
+            self._api.close()
         except Exception:  # noqa: BLE001 - closing a pool must not fail a shutdown
             pass
 
@@ -344,9 +411,7 @@ class KubePublisher:
                 ctx.reads += 1
             retry_after = 0.0
             try:
-                resp = fn()
-                data = resp.data if hasattr(resp, "data") else resp.read()
-                return json.loads(data or b"{}")
+                return json.loads(fn() or b"{}")
             except ApiException as exc:
                 status = int(exc.status or 0)
                 if status == 409 and resource.startswith("nodes"):
@@ -378,8 +443,8 @@ class KubePublisher:
         raise _Failed(f"{verb} {resource}: API server {self._host} unavailable after {attempt} attempts ({last})")
 
     def _read_node(self, ctx: _Pass) -> dict[str, Any]:
-        node = self._call(ctx, "get", "nodes", lambda: self._api.read_node(
-            self.node, _preload_content=False, _request_timeout=self._timeout), write=False)
+        node = self._call(ctx, "get", "nodes", lambda: self._api.request(
+            "GET", _node_path(self.node), timeout=self._timeout), write=False)
         self._node_cache = node
         ctx.node = node
         return node
@@ -404,7 +469,7 @@ class KubePublisher:
     def _publish(self, want: NodeWant, ctx: _Pass, dry_run: bool) -> str:
         node = self._read_node(ctx)
         if dry_run:
-            plan = plan_node(node, want)
+            plan = plan_node(node, want, heartbeat_s=self._heartbeat)
             ctx.changed.extend(plan.changed)
             if plan.transition:
                 ctx.changed.append(f"event {self._event_reason(want)}")
@@ -412,16 +477,16 @@ class KubePublisher:
 
         skipped: list[str] = []
         for attempt in range(1, self._conflict_attempts + 1):
-            plan = plan_node(node, want)
+            plan = plan_node(node, want, heartbeat_s=self._heartbeat)
             skipped = plan.skipped
             if plan.metadata_patch is None:
                 break
             body = copy.deepcopy(plan.metadata_patch)
             body["metadata"]["resourceVersion"] = (node.get("metadata") or {}).get("resourceVersion")
             try:
-                node = self._call(ctx, "patch", "nodes", lambda: self._api.patch_node(
-                    self.node, body, field_manager=COMPONENT, _content_type=MERGE_PATCH,
-                    _preload_content=False, _request_timeout=self._timeout), write=True)
+                node = self._call(ctx, "patch", "nodes", lambda: self._api.request(
+                    "PATCH", _node_path(self.node), query=[("fieldManager", COMPONENT)], body=body,
+                    content_type=MERGE_PATCH, timeout=self._timeout), write=True)
                 self._node_cache = node
             except _Conflict:
                 node = self._read_node(ctx)
@@ -432,14 +497,14 @@ class KubePublisher:
             raise _Failed(f"patch nodes: still conflicting after {self._conflict_attempts} attempts")
 
         for attempt in range(1, self._conflict_attempts + 1):
-            plan = plan_node(node, want)
+            plan = plan_node(node, want, heartbeat_s=self._heartbeat)
             if plan.condition is None:
                 break
             body = {"status": {"conditions": [plan.condition]}}
             try:
-                node = self._call(ctx, "patch", "nodes/status", lambda: self._api.patch_node_status(
-                    self.node, body, field_manager=COMPONENT, _content_type=STRATEGIC_MERGE_PATCH,
-                    _preload_content=False, _request_timeout=self._timeout), write=True)
+                node = self._call(ctx, "patch", "nodes/status", lambda: self._api.request(
+                    "PATCH", _node_path(self.node, "/status"), query=[("fieldManager", COMPONENT)], body=body,
+                    content_type=STRATEGIC_MERGE_PATCH, timeout=self._timeout), write=True)
                 self._node_cache = node
             except _Conflict:
                 node = self._read_node(ctx)
@@ -453,10 +518,11 @@ class KubePublisher:
 
         if self._pending_event is not None:
             ev = self._pending_event
-            # (the generated create_* methods ignore _content_type; the header is set directly)
-            self._call(ctx, "create", "events", lambda: self._api.create_namespaced_event(
-                self._event_ns, ev, _headers={"Content-Type": "application/json"}, _preload_content=False,
-                _request_timeout=self._timeout), write=True)
+            from urllib.parse import quote
+
+            self._call(ctx, "create", "events", lambda: self._api.request(
+                "POST", f"/api/v1/namespaces/{quote(self._event_ns, safe='')}/events", body=ev,
+                timeout=self._timeout), write=True)
             self._pending_event = None
             ctx.changed.append(f"event {ev['reason']}")
 
@@ -532,18 +598,156 @@ def make_publisher(node_name: str | None, kubeconfig: str | None, no_kube: bool,
         source = "in-cluster service account" + (f" ({where} {kubeconfig} ignored)" if kubeconfig else "")
     else:
         assert kubeconfig is not None
-        paths = [p for p in kubeconfig.split(os.pathsep) if p]
-        if not any(Path(p).is_file() for p in paths):
-            raise InputError(f"{where} {kubeconfig}: no such file")
-        try:
-            config.load_kube_config(config_file=kubeconfig, client_configuration=cfg, persist_config=False)
-        except (config.ConfigException, ValueError, TypeError, OSError) as exc:
-            first = str(exc).strip().splitlines()[0] if str(exc).strip() else type(exc).__name__
-            raise InputError(f"{where} {kubeconfig}: {first}") from None
-        except Exception as exc:  # noqa: BLE001 - YAML errors and the like from the loader
-            first = str(exc).strip().splitlines()[0] if str(exc).strip() else type(exc).__name__
-            raise InputError(f"{where} {kubeconfig}: malformed kubeconfig: {first}") from None
+        _load_kubeconfig(cfg, kubeconfig, where)
         source = f"kubeconfig {kubeconfig}"
     pub = KubePublisher(node, cfg, source=source, **options)
     log.info("%s", pub.describe())
     return pub
+
+
+def _first_line(exc: BaseException) -> str:
+    return str(exc).strip().splitlines()[0] if str(exc).strip() else type(exc).__name__
+
+
+def _load_kubeconfig(cfg: Any, kubeconfig: str, where: str, context: str | None = None) -> None:
+    """Fill ``cfg`` from a kubeconfig file; InputError naming the file (or the context)."""
+    from kubernetes import config
+
+    paths = [p for p in kubeconfig.split(os.pathsep) if p]
+    if not any(Path(p).is_file() for p in paths):
+        raise InputError(f"{where} {kubeconfig}: no such file")
+    try:
+        config.load_kube_config(config_file=kubeconfig, context=context, client_configuration=cfg,
+                                persist_config=False)
+    except (config.ConfigException, ValueError, TypeError, OSError) as exc:
+        if context and context in str(exc):
+            raise InputError(f"--context {context}: no such context in {kubeconfig}") from None
+        raise InputError(f"{where} {kubeconfig}: {_first_line(exc)}") from None
+    except Exception as exc:  # noqa: BLE001 - YAML errors and the like from the loader
+        raise InputError(f"{where} {kubeconfig}: malformed kubeconfig: {_first_line(exc)}") from None
+
+
+# -- reading the fleet (for people: gpu-tune fleet) -------------------------------------------
+def _connection_reason(exc: Any) -> str:
+    """The operating system's words from a connection failure (``connection refused``), else the
+    most specific line of the message."""
+    import re
+
+    text = str(exc)
+    m = re.search(r"\[Errno -?\d+\] ([^'\")\]\n]+)", text)
+    if m:
+        return m.group(1).strip().lower()
+    lines = [ln.strip() for ln in text.strip().splitlines() if ln.strip()]
+    return (lines[-1] if lines else type(exc).__name__)[:300]
+
+
+class ClusterError(GpuTuneError):
+    """The API server could not be reached or refused the request (exit 3, one line)."""
+
+    exit_code = 3
+
+
+@dataclass(frozen=True)
+class NodeListing:
+    """Every Node one list call returned: ``pages`` requests, from ``server`` (via ``source``)."""
+
+    items: list[dict[str, Any]]
+    pages: int
+    server: str
+    source: str
+
+
+def reader_configuration(kubeconfig: str | None = None, context: str | None = None) -> tuple[Any, str]:
+    """(client configuration, where it came from) for a person's command, found as kubectl finds
+    it: ``kubeconfig`` (``--kubeconfig``), else ``KUBECONFIG``, else ``~/.kube/config``, else the
+    in-cluster service account. InputError when none is there or it is malformed."""
+    from kubernetes import client, config
+
+    cfg = client.Configuration()
+    if kubeconfig:
+        where, path = "--kubeconfig", kubeconfig
+    elif os.environ.get("KUBECONFIG"):
+        where, path = "KUBECONFIG", os.environ["KUBECONFIG"]
+    else:
+        where, path = "kubeconfig", os.path.expanduser("~/.kube/config")
+        if not Path(path).is_file():
+            if _in_cluster() and not context:
+                try:
+                    config.load_incluster_config(client_configuration=cfg)
+                except config.ConfigException as exc:
+                    raise InputError(f"in-cluster configuration: {exc}") from None
+                return cfg, "in-cluster service account"
+            raise InputError("no cluster configured: pass --kubeconfig FILE, set KUBECONFIG, or create "
+                             "~/.kube/config")
+    _load_kubeconfig(cfg, path, where, context)
+    return cfg, f"{where} {path}" + (f" context {context}" if context else "")
+
+
+def list_nodes(configuration: Any, *, selector: str | None = None, page_size: int = LIST_PAGE_SIZE,
+               timeout: tuple[float, float] = (5.0, 60.0), attempts: int = 3, source: str = "",
+               sleep: Callable[[float], None] = time.sleep) -> NodeListing:
+    """Every Node (matching the label ``selector``) in one list call, paged by ``limit`` +
+    ``continue``; read-only. The raw JSON is kept (no client model objects: 1,000 Nodes in well
+    under a second). A continue token that expired mid-list (410) restarts the list once; 429 and
+    5xx are retried (``attempts`` per page). Raises InputError for a selector the server rejects,
+    ClusterError for everything else that stops the list."""
+    import urllib3
+    from kubernetes.client.exceptions import ApiException
+
+    configuration.retries = False
+    server = configuration.host
+    api = CoreV1(configuration)
+    items: list[dict[str, Any]] = []
+    token: str | None = None
+    pages = 0
+    restarted = False
+    try:
+        while True:
+            for attempt in range(1, max(1, attempts) + 1):
+                try:
+                    query: list[tuple[str, Any]] = [("limit", page_size)]
+                    if selector:
+                        query.append(("labelSelector", selector))
+                    if token:
+                        query.append(("continue", token))
+                    doc = json.loads(api.request("GET", "/api/v1/nodes", query=query, timeout=timeout) or b"{}")
+                    break
+                except ApiException as exc:
+                    status = int(exc.status or 0)
+                    msg = _api_message(exc)
+                    if status == 0:  # the client's wrapping of a TLS failure
+                        raise ClusterError(f"cannot reach the API server {server}: "
+                                           f"{_connection_reason(exc.reason)}") from None
+                    if status == 410 and token and not restarted:
+                        restarted, token, items, doc = True, None, [], None
+                        break
+                    if (status == 429 or 500 <= status <= 599) and attempt < attempts:
+                        sleep(min(2.0, 0.2 * 2 ** (attempt - 1)))
+                        continue
+                    if status == 400 and selector:
+                        raise InputError(f"--selector {selector!r}: {msg}") from None
+                    if status == 401:
+                        raise ClusterError(f"unauthorized: the API server {server} rejected the credentials of "
+                                           f"{source or 'the kubeconfig'} ({msg})") from None
+                    if status == 403:
+                        raise ClusterError(
+                            f"forbidden: may not list nodes ({msg}); bind the read-only ClusterRole "
+                            "gpu-tune-fleet-viewer (daemonset/fleet-viewer, docs/fleet.md): kubectl create "
+                            "clusterrolebinding gpu-tune-fleet-viewer-$USER --clusterrole=gpu-tune-fleet-viewer "
+                            "--user=$USER") from None
+                    raise ClusterError(f"list nodes: API server {server}: HTTP {status}: {msg}") from None
+                except (urllib3.exceptions.HTTPError, http.client.HTTPException, OSError) as exc:
+                    raise ClusterError(f"cannot reach the API server {server}: "
+                                       f"{_connection_reason(getattr(exc, 'reason', None) or exc)}") from None
+                except ValueError as exc:
+                    raise ClusterError(f"list nodes: API server {server} sent a malformed answer: "
+                                       f"{_first_line(exc)}") from None
+            if doc is None:  # restarted after an expired continue token
+                continue
+            pages += 1
+            items.extend(i for i in doc.get("items") or [] if isinstance(i, dict))
+            token = (doc.get("metadata") or {}).get("continue") or None
+            if not token:
+                return NodeListing(items=items, pages=pages, server=server, source=source)
+    finally:
+        api.close()

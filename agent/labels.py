@@ -31,8 +31,23 @@ or ``x`` for unknown: ``c0101010101010101``. Regular expression for the run form
 
 Annotations: ``gpu-tune.io/topology`` (the topology document as compact JSON with sorted keys,
 volatile readings such as free memory or temperatures left out so the value only changes when
-the hardware does) and ``gpu-tune.io/owned-labels`` (comma-separated label keys this agent
-wrote; stale ones are removed on the next publish, others' labels are never touched).
+the hardware does), ``gpu-tune.io/owned-labels`` (comma-separated label keys this agent
+wrote; stale ones are removed on the next publish, others' labels are never touched) and
+``gpu-tune.io/summary`` (what ``gpu-tune fleet`` shows, compact JSON with sorted keys):
+
+.. code-block:: json
+
+    {"v": 1, "drift": 1225,
+     "failing": [{"check": "tuning.compliant", "detail": "1225 setting(s) not compliant ..."}],
+     "probe": {"0": {"status": "passed", "accuracy": 0.9812, "fingerprint": "3f2a9c1d",
+                     "peer_group": "NVIDIA H100 80GB HBM3 | driver 580 | ...",
+                     "launch_bound": 41000, "device_bound": 99000}}}
+
+``drift`` is the number of audit rows in drift, conflict or error (null before the first audit);
+``failing`` the failing readiness checks with their detail (readings that move from pass to pass,
+a GPU's utilization or temperature, are left out of it); ``probe`` one entry per probe target with
+images/s per regime rounded to two significant figures. Only values that stay put on a steady node
+go in, so a steady node makes no write; the value stays under :data:`MAX_SUMMARY_ANNOTATION`.
 
 Condition ``GPUHostReady`` (status ``True``/``False``) and the taint
 ``gpu-tune.io/not-ready:NoSchedule``: ``taint_wanted`` is ``False`` when ready (remove it),
@@ -45,7 +60,12 @@ from __future__ import annotations
 import json
 import re
 from dataclasses import dataclass
-from typing import Any, Iterable
+from typing import Any, Iterable, Mapping, Sequence
+
+from .probe_figures import identity as probe_identity
+from .probe_figures import number as _number
+from .probe_figures import result_of
+from .probe_figures import throughput as probe_throughput
 
 PREFIX = "gpu-tune.io/"
 FORBIDDEN_PREFIXES = ("nvidia.com/", "feature.node.kubernetes.io/")
@@ -64,6 +84,8 @@ LABEL_NIC_COUNT = PREFIX + "nic-count"
 
 ANNOTATION_TOPOLOGY = PREFIX + "topology"
 ANNOTATION_OWNED = PREFIX + "owned-labels"
+ANNOTATION_SUMMARY = PREFIX + "summary"
+SUMMARY_VERSION = 1
 
 CONDITION_TYPE = "GPUHostReady"
 TAINT_KEY = PREFIX + "not-ready"
@@ -73,6 +95,15 @@ MAX_LABEL_VALUE = 63
 MAX_CONDITION_MESSAGE = 1024
 # Annotations of one object may hold 256 KiB in all; keep ours well under.
 MAX_TOPOLOGY_ANNOTATION = 128 * 1024
+MAX_SUMMARY_ANNOTATION = 16 * 1024
+MAX_SUMMARY_DETAIL = 240  # characters of one failing check's detail
+MAX_SUMMARY_FAILING = 24  # failing checks listed (the rest counted in "failing_more")
+NONCOMPLIANT = ("drift", "conflict", "error")
+# Readings in readiness details that move from one pass to the next (and their stable stand-in).
+_VOLATILE_DETAIL = (
+    (re.compile(r" at \d+(\.\d+)?% utilization"), " under load"),
+    (re.compile(r"temperature \d+(\.\d+)? C above"), "temperature above"),
+)
 
 LABEL_VALUE_RE = re.compile(r"^(([A-Za-z0-9][-A-Za-z0-9_.]*)?[A-Za-z0-9])?$")
 REASON_RE = re.compile(r"^[A-Za-z]([A-Za-z0-9_,:]*[A-Za-z0-9_])?$")
@@ -237,6 +268,79 @@ def _put(labels: dict[str, str], key: str, value: Any) -> None:
         labels[key] = v
 
 
+def sig2(x: float) -> float | int:
+    """Two significant figures (41234.5 -> 41000, 0.01234 -> 0.012): a throughput that wobbles from
+    run to run keeps the same value."""
+    if x == 0:
+        return 0
+    r = float(f"{x:.2g}")
+    return int(r) if abs(r) >= 100 else r
+
+
+def stable_detail(detail: str) -> str:
+    """A check's detail without the readings that move from pass to pass, at most
+    :data:`MAX_SUMMARY_DETAIL` characters."""
+    text = " ".join(str(detail or "").split())
+    for pattern, repl in _VOLATILE_DETAIL:
+        text = pattern.sub(repl, text)
+    return text if len(text) <= MAX_SUMMARY_DETAIL else text[:MAX_SUMMARY_DETAIL - 1] + "…"
+
+
+def _get(obj: Any, key: str) -> Any:
+    return obj.get(key) if isinstance(obj, Mapping) else getattr(obj, key, None)
+
+
+def node_summary(*, audit: Mapping[str, Any] | None, checks: Iterable[Any] | None,
+                 probes: Sequence[Mapping[str, Any]] | None) -> dict[str, Any]:
+    """The ``gpu-tune.io/summary`` document (see the module docstring). ``checks`` are readiness
+    checks (objects or mappings with name, ok, detail); ``probes`` probe verdicts as documents."""
+    drift = None
+    if isinstance(audit, Mapping):
+        drift = sum(1 for r in audit.get("settings", []) or [] if _get(r, "status") in NONCOMPLIANT)
+    failing = [{"check": str(_get(c, "name")), "detail": stable_detail(_get(c, "detail") or "")}
+               for c in checks or [] if not _get(c, "ok")]
+    doc: dict[str, Any] = {"v": SUMMARY_VERSION, "drift": drift, "failing": failing[:MAX_SUMMARY_FAILING]}
+    if len(failing) > MAX_SUMMARY_FAILING:
+        doc["failing_more"] = len(failing) - MAX_SUMMARY_FAILING
+    probe: dict[str, Any] = {}
+    for p in probes or []:
+        if not isinstance(p, Mapping):
+            continue
+        res = result_of(p)
+        entry: dict[str, Any] = {"status": str(p.get("status") or "error")}
+        acc = _number(res.get("accuracy"))
+        if acc is not None:
+            entry["accuracy"] = round(acc, 4)
+        ident = probe_identity(res)
+        if ident is not None:
+            entry["fingerprint"], entry["peer_group"] = ident
+        for regime, vals in probe_throughput(res).items():
+            if "images_per_second" in vals:
+                entry[regime] = sig2(vals["images_per_second"])
+        probe[str(p.get("gpu", "?"))] = entry
+    doc["probe"] = probe
+    return doc
+
+
+def summary_annotation(summary: Mapping[str, Any]) -> str:
+    """Compact, key-sorted JSON; should it pass the bound, the peer groups go, then details shrink."""
+    doc = json.loads(json.dumps(summary, default=str))
+    text = json.dumps(doc, sort_keys=True, separators=(",", ":"), ensure_ascii=False)
+    if len(text.encode()) <= MAX_SUMMARY_ANNOTATION:
+        return text
+    doc["truncated"] = True
+    for entry in (doc.get("probe") or {}).values():
+        entry.pop("peer_group", None)
+    for f in doc.get("failing") or []:
+        f["detail"] = f["detail"][:60]
+    text = json.dumps(doc, sort_keys=True, separators=(",", ":"), ensure_ascii=False)
+    while len(text.encode()) > MAX_SUMMARY_ANNOTATION and doc.get("probe"):
+        doc["probe"].pop(sorted(doc["probe"])[-1])
+        doc["probe_more"] = doc.get("probe_more", 0) + 1
+        text = json.dumps(doc, sort_keys=True, separators=(",", ":"), ensure_ascii=False)
+    return text
+
+
 def desired_node_state(
     *,
     profile: str,
@@ -247,12 +351,17 @@ def desired_node_state(
     gpus: list[dict[str, Any]] | None,
     driver_version: str | None,
     taint_when_not_ready: bool = True,
+    checks: Iterable[Any] | None = None,
+    audit: Mapping[str, Any] | None = None,
+    probes: Sequence[Mapping[str, Any]] | None = None,
 ) -> NodeWant:
     """The labels, annotations, ``GPUHostReady`` condition and taint wish for one verdict.
 
     ``topology`` is the ``gpu-tune topology -o json`` document (missing keys are tolerated);
     ``gpus`` are ``GpuInfo.as_dict()`` rows (the topology's ``gpus`` are used when empty).
     Keep ``message`` free of changing readings: a different message means a status write.
+    ``checks`` (the verdict's checks, decided before publishing), ``audit`` (the audit document)
+    and ``probes`` (probe verdict documents) make the ``gpu-tune.io/summary`` annotation.
     """
     topology = topology if isinstance(topology, dict) else {}
     rows = _gpu_rows(gpus, topology)
@@ -289,6 +398,7 @@ def desired_node_state(
     annotations = {
         ANNOTATION_TOPOLOGY: topology_annotation(topology),
         ANNOTATION_OWNED: ",".join(sorted(labels)),
+        ANNOTATION_SUMMARY: summary_annotation(node_summary(audit=audit, checks=checks, probes=probes)),
     }
     condition = {
         "type": CONDITION_TYPE,

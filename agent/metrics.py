@@ -4,15 +4,30 @@ The collector reads the snapshot it is given (a callable returning the latest on
 ``describe()`` so registering it does not collect. Each snapshot renders its exposition once
 (:func:`render_metrics`), so ``/metrics`` only returns bytes.
 
+Cardinality. Settings are exported per setting, not per target: ``gpu_tune_setting_compliant{id}``
+(1 when every target is ok or unsupported) and ``gpu_tune_setting_targets{id,status}`` (how many
+targets are in each status; a status no target is in has no series). A 224-CPU node has about
+1,000 targets (one per CPU for ``cpu.governor``, one per IRQ for ``irq.affinity``); one series
+each would be ~1,250 series per node, ~1.25 M for a 1,000-node fleet. The per-target series
+``gpu_tune_setting_target_compliant{id,target}`` come only with ``gpu-tune serve
+--metrics-targets`` (the snapshot's ``metrics_targets``).
+
 Per-GPU series carry dcgm-exporter's label names (``gpu``, ``UUID``, ``pci_bus_id``,
 ``modelName``, ``Hostname``) plus ``numa_node``, with dcgm-exporter's value formats: ``gpu`` is
 the index, ``pci_bus_id`` is NVML's form (``00000000:18:00.0``, 8-digit domain, upper-case hex)
 and ``Hostname`` is the node name, so ``on(UUID)`` or ``on(gpu, Hostname)`` joins with DCGM.
+
+Probe series come from each probe verdict's ``result`` (the workload's JSON): ``accuracy``;
+``fingerprint`` and ``peer_group`` (an info series, only when the fingerprint is a non-empty
+string); ``regimes.<regime>.images_per_second`` and ``.gpu_busy_fraction`` for the regimes
+``launch_bound`` (small batches: measures the host) and ``device_bound`` (measures the GPU). A
+result without ``regimes`` (saved by an older probe) gives its ``train_images_per_second`` as
+``regime="launch_bound"``.
 """
 
 from __future__ import annotations
 
-from datetime import datetime
+from collections import Counter
 from typing import TYPE_CHECKING, Any, Callable, Iterator, Mapping
 
 from prometheus_client import CollectorRegistry, generate_latest
@@ -20,20 +35,37 @@ from prometheus_client.core import GaugeMetricFamily
 from prometheus_client.registry import Collector
 
 from . import __version__
+from .probe_figures import identity as probe_identity
+from .probe_figures import number as _num
+from .probe_figures import result_of
+from .probe_figures import throughput as probe_throughput
 
 if TYPE_CHECKING:  # pragma: no cover
-    from .app import Snapshot
+    from .snapshot import Snapshot
 
 GPU_LABELS = ("gpu", "UUID", "pci_bus_id", "modelName", "Hostname", "numa_node")
+# Statuses in the order their series are written (CONTRACT §3); others follow by name.
+STATUSES = ("ok", "drift", "conflict", "error", "unsupported")
+NONCOMPLIANT = ("drift", "conflict", "error")
 
 FAMILIES: dict[str, tuple[str, tuple[str, ...]]] = {
     "gpu_tune_build_info": ("gpu-tune build information (always 1)", ("version",)),
     "gpu_tune_ready": ("1 when the node passes every readiness check, else 0", ()),
     "gpu_tune_check_ok": ("1 when the readiness check passes, else 0", ("check",)),
-    "gpu_tune_setting_compliant": ("1 when the setting is compliant with the profile (ok or unsupported), else 0",
-                                   ("id", "target")),
+    "gpu_tune_setting_compliant": ("1 when every target of the setting is ok or unsupported, else 0", ("id",)),
+    "gpu_tune_setting_targets": ("Targets of the setting in each audit status (no series for a status without "
+                                 "targets)", ("id", "status")),
+    "gpu_tune_setting_target_compliant": ("1 when this target of the setting is ok or unsupported, else 0 "
+                                          "(only with serve --metrics-targets)", ("id", "target")),
     "gpu_tune_probe_accuracy": ("Test accuracy of the latest MNIST probe", GPU_LABELS),
-    "gpu_tune_probe_train_images_per_second": ("Training throughput of the latest MNIST probe", GPU_LABELS),
+    "gpu_tune_probe_fingerprint_info": ("Fingerprint of the latest deterministic probe run (equal on healthy "
+                                        "peers of the same peer_group); always 1",
+                                        GPU_LABELS + ("fingerprint", "peer_group")),
+    "gpu_tune_probe_train_images_per_second": ("Training throughput of the latest MNIST probe per regime "
+                                               "(launch_bound: the host's share, device_bound: the GPU's)",
+                                               GPU_LABELS + ("regime",)),
+    "gpu_tune_probe_gpu_busy_ratio": ("Fraction of the training window the GPU was busy (0..1) per regime",
+                                      GPU_LABELS + ("regime",)),
     "gpu_tune_probe_duration_seconds": ("Wall time of the latest MNIST probe", GPU_LABELS),
     "gpu_tune_probe_last_success_timestamp_seconds": ("Unix time the probe last passed", GPU_LABELS),
     "gpu_tune_gpu_numa_node": ("NUMA node the GPU is attached to (-1 when the firmware gives none)", GPU_LABELS),
@@ -58,19 +90,18 @@ def nvml_bus_id(bus_id: str | None) -> str:
     return s.upper()
 
 
-def rfc3339_to_epoch(text: Any) -> float | None:
-    if not isinstance(text, str) or not text:
-        return None
-    try:
-        return datetime.fromisoformat(text.replace("Z", "+00:00")).timestamp()
-    except ValueError:
-        return None
-
-
-def _num(v: Any) -> float | None:
-    if isinstance(v, bool) or not isinstance(v, (int, float)):
-        return None
-    return float(v)
+def setting_rows(audit: Mapping[str, Any] | None) -> list[tuple[str, bool, dict[str, int]]]:
+    """Per setting id, in audit order: (id, compliant, {status: targets}) with statuses in
+    :data:`STATUSES` order and zero counts left out."""
+    counts: dict[str, Counter[str]] = {}
+    for s in (audit or {}).get("settings", []) or []:
+        counts.setdefault(str(s.get("id")), Counter())[str(s.get("status"))] += 1
+    out = []
+    for sid, c in counts.items():
+        ordered = {st: c[st] for st in STATUSES if c[st]}
+        ordered.update({st: n for st, n in sorted(c.items()) if st not in ordered and n})
+        out.append((sid, not any(c[st] for st in NONCOMPLIANT), ordered))
+    return out
 
 
 def gpu_rows(snapshot: "Snapshot") -> list[dict[str, Any]]:
@@ -142,36 +173,47 @@ class SnapshotCollector(Collector):
             checks.add_metric([c.name], 1 if c.ok else 0)
         yield checks
 
-        settings = self._fam("gpu_tune_setting_compliant")
-        for s in (snap.audit or {}).get("settings", []) or []:
-            ok = s.get("status") not in ("drift", "conflict", "error")
-            settings.add_metric([str(s.get("id")), str(s.get("target"))], 1 if ok else 0)
-        yield settings
+        compliant = self._fam("gpu_tune_setting_compliant")
+        targets = self._fam("gpu_tune_setting_targets")
+        for sid, ok, by_status in setting_rows(snap.audit):
+            compliant.add_metric([sid], 1 if ok else 0)
+            for status, n in by_status.items():
+                targets.add_metric([sid, status], n)
+        yield compliant
+        yield targets
+        if snap.metrics_targets:
+            per_target = self._fam("gpu_tune_setting_target_compliant")
+            for s in (snap.audit or {}).get("settings", []) or []:
+                ok = s.get("status") not in NONCOMPLIANT
+                per_target.add_metric([str(s.get("id")), str(s.get("target"))], 1 if ok else 0)
+            yield per_target
 
         rows = gpu_rows(snap)
         labels_by_gpu = {r["labels"]["gpu"]: r["labels"] for r in rows}
         acc = self._fam("gpu_tune_probe_accuracy")
+        ident = self._fam("gpu_tune_probe_fingerprint_info")
         ips = self._fam("gpu_tune_probe_train_images_per_second")
+        busy = self._fam("gpu_tune_probe_gpu_busy_ratio")
         dur = self._fam("gpu_tune_probe_duration_seconds")
         last = self._fam("gpu_tune_probe_last_success_timestamp_seconds")
-        seen = set()
         for p in snap.probes:
-            gpu = str(p.get("gpu", ""))
-            seen.add(gpu)
-            lv = self._probe_labels(snap, labels_by_gpu, gpu)
-            res = p.get("result") or {}
+            lv = self._probe_labels(snap, labels_by_gpu, str(p.get("gpu", "")))
+            res = result_of(p)
             if _num(res.get("accuracy")) is not None:
                 acc.add_metric(lv, _num(res["accuracy"]))
-            if _num(res.get("train_images_per_second")) is not None:
-                ips.add_metric(lv, _num(res["train_images_per_second"]))
+            fp = probe_identity(res)
+            if fp is not None:
+                ident.add_metric(lv + list(fp), 1)
+            for regime, vals in probe_throughput(res).items():
+                if "images_per_second" in vals:
+                    ips.add_metric(lv + [regime], vals["images_per_second"])
+                if "gpu_busy_fraction" in vals:
+                    busy.add_metric(lv + [regime], vals["gpu_busy_fraction"])
             if _num(p.get("duration_seconds")) is not None:
                 dur.add_metric(lv, _num(p["duration_seconds"]))
         for gpu, ts in sorted(snap.probe_last_success.items()):
             last.add_metric(self._probe_labels(snap, labels_by_gpu, gpu), float(ts))
-        yield acc
-        yield ips
-        yield dur
-        yield last
+        yield from (acc, ident, ips, busy, dur, last)
 
         numa = self._fam("gpu_tune_gpu_numa_node")
         gen = self._fam("gpu_tune_gpu_pcie_link_generation")

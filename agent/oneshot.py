@@ -41,7 +41,8 @@ def label_once(g: Any, *, profile: str, node: str | None, kubeconfig: str | None
     topo_for_labels = {**(topo_doc or {}), "cuda_driver_version": backend.cuda_driver_version()}
     want = desired_node_state(profile=prof.name, ready=v.ready, reason=v.reason(), message=v.message(),
                               topology=topo_for_labels, gpus=gpus, driver_version=backend.driver_version(),
-                              taint_when_not_ready=prof.readiness.taint)
+                              taint_when_not_ready=prof.readiness.taint,
+                              checks=v.checks, audit=report, probes=probes)
     name = node_name(node)
     publisher = make_publisher(name, kubeconfig, False)
     try:

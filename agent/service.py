@@ -29,7 +29,7 @@ from dataclasses import dataclass, field
 from typing import Any, Callable
 
 from . import __version__
-from .app import AgentState, CollectorStatus, Snapshot, create_app
+from .snapshot import AgentState, CollectorStatus, Snapshot
 from .errors import InputError
 from .knobs import fixable
 from .readiness import Verdict, verdict
@@ -55,6 +55,7 @@ class ServeOptions:
     kubeconfig: str | None = None
     node: str | None = None
     revert_on_exit: bool = False
+    metrics_targets: bool = False  # per-target setting series on /metrics (~1,000 more on a 224-CPU node)
     probe_device: str = "auto"
     probe_data: str | None = None
     verbose: bool = False
@@ -107,7 +108,8 @@ class Stages:
     """The loop's stages. ``discover() -> Topology|dict``; ``audit()``/``enforce() -> Report|dict``;
     ``gpus() -> list[GpuInfo]``; ``identity() -> {"driver_version", "boot_id"}``;
     ``probe(topology, previous) -> list[ProbeVerdict|dict]``;
-    ``publish(verdict, topology_doc, gpu_docs, driver_version) -> PublishResult``;
+    ``publish(verdict, topology_doc, gpu_docs, driver_version, *, audit, probes) -> PublishResult``
+    (``audit`` and ``probes``: the documents the node summary annotation is made of);
     ``revert() -> (ok, rows)``; ``close()``."""
 
     node: str
@@ -188,13 +190,14 @@ def default_stages(options: ServeOptions) -> Stages:
             log.warning("probe results not saved for `gpu-tune label`: %s", err)
         return verdicts
 
-    def publish(v: Verdict, topology_doc, gpu_docs, driver_version):
+    def publish(v: Verdict, topology_doc, gpu_docs, driver_version, *, audit=None, probes=None):
         topo = dict(topology_doc or {})
         topo.setdefault("cuda_driver_version", backend.cuda_driver_version())
         want = desired_node_state(profile=profile.name, ready=v.ready, reason=v.reason(),
                                   message=v.message(), topology=topo, gpus=gpu_docs,
                                   driver_version=driver_version,
-                                  taint_when_not_ready=profile.readiness.taint)
+                                  taint_when_not_ready=profile.readiness.taint,
+                                  checks=v.checks, audit=audit, probes=probes)
         return publisher.publish(want)
 
     def revert():
@@ -229,8 +232,10 @@ class Agent:
     def __init__(self, stages: Stages, *, mode: str = "audit", interval: float = 60.0,
                  enforce_min_interval: float = 300.0, jitter: float = 0.1, rng: random.Random | None = None,
                  clock: Callable[[], float] = time.time, monotonic: Callable[[], float] = time.monotonic,
-                 probe_enabled: bool = True, first_publish_max_wait: float = 900.0) -> None:
+                 probe_enabled: bool = True, first_publish_max_wait: float = 900.0,
+                 metrics_targets: bool = False) -> None:
         self.stages = stages
+        self.metrics_targets = metrics_targets
         # Hold the first publish until the first probe has a verdict (bounded), so a starting
         # node is published once (labels, condition, Event: 3 writes) instead of "not ready"
         # and then "ready" a few seconds later.
@@ -367,7 +372,8 @@ class Agent:
             wait = self.first_publish_max_wait - (self.monotonic() - (self._started_at or 0.0))
             log.info("first publish waits for the first probe verdict (at most %.0fs more)", max(wait, 0.0))
         else:
-            pub, st = self._run("publish", lambda: self.stages.publish(pre, self._topology_doc, self._gpus, driver))
+            pub, st = self._run("publish", lambda: self.stages.publish(
+                pre, self._topology_doc, self._gpus, driver, audit=self._audit, probes=probes))
         statuses.append(st)
         if pub is None and st.success:
             pass
@@ -390,6 +396,7 @@ class Agent:
             node=self.stages.node, profile=self.state.profile, verdict=final, since=self._since, created=now,
             mode=self.mode, audit=self._audit, topology=self._topology_doc, gpus=self._gpus, probes=probes,
             probe_last_success=dict(probe.last_success), collectors=statuses,
+            metrics_targets=self.metrics_targets,
         )
         self.state.publish(snap)
         return snap
@@ -413,9 +420,9 @@ class Agent:
                 results.append(d)
                 raw[str(d.get("gpu"))] = v
                 if d.get("passed"):
-                    from .metrics import rfc3339_to_epoch
+                    from .timestamps import parse_rfc3339
 
-                    new.last_success[str(d.get("gpu"))] = rfc3339_to_epoch(d.get("finished_at")) or self.clock()
+                    new.last_success[str(d.get("gpu"))] = parse_rfc3339(d.get("finished_at")) or self.clock()
             new.results, new.raw, new.error = tuple(results), raw, None
         else:
             new.error = st.error
@@ -495,13 +502,15 @@ def serve(options: ServeOptions, *, stages: Stages | None = None,
     """Run the agent until SIGTERM/SIGINT; return 0. ``stages`` replaces :func:`default_stages`."""
     import uvicorn
 
+    from .app import create_app
+
     options.validate()
     stages = stages or default_stages(options)
     pp = getattr(stages.profile, "probe", None)
     hold = (float(getattr(pp, "timeout_s", 300.0)) * (int(getattr(pp, "retries", 0)) + 1) + 60.0) if pp else 900.0
     agent = Agent(stages, mode=options.mode, interval=options.interval,
                   enforce_min_interval=options.enforce_min_interval, jitter=options.jitter,
-                  first_publish_max_wait=hold)
+                  first_publish_max_wait=hold, metrics_targets=options.metrics_targets)
     app = create_app(agent.state)
     sock = _bind(options.host, int(options.port))
     config = uvicorn.Config(app, log_level="warning", access_log=False, lifespan="off",

@@ -25,17 +25,27 @@ def gpu_tune_argv() -> list[str]:
     return [str(exe)] if exe.exists() else [sys.executable, "-m", "agent.cli"]
 
 
-def time_process(argv: list[str], runs: int = 15, warmup: int = 2, ok_codes=(0, 1)) -> list[float]:
+def time_process(argv: list[str], runs: int = 15, warmup: int = 2, ok_codes=(0, 1),
+                 cpu: list[float] | None = None) -> list[float]:
+    """Wall seconds of ``runs`` whole-process runs (after ``warmup``); with ``cpu`` given, the CPU
+    seconds (user + system) of each run are appended to it: on a shared machine they move far less
+    with the neighbours' load than the wall time does."""
+    import resource
+
     env = {**os.environ}
     times = []
     for i in range(warmup + runs):
+        r0 = resource.getrusage(resource.RUSAGE_CHILDREN)
         t0 = time.perf_counter()
         p = subprocess.run(argv, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, env=env)
         dt = time.perf_counter() - t0
+        r1 = resource.getrusage(resource.RUSAGE_CHILDREN)
         if p.returncode not in ok_codes:
             raise SystemExit(f"{' '.join(argv)} exited {p.returncode}: {p.stderr.decode()[-500:]}")
         if i >= warmup:
             times.append(dt)
+            if cpu is not None:
+                cpu.append((r1.ru_utime - r0.ru_utime) + (r1.ru_stime - r0.ru_stime))
     return times
 
 

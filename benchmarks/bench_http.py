@@ -57,13 +57,16 @@ def serve_agent(port: int) -> None:
     opts = ServeOptions(root=str(root), gpu_backend="fixture", gpu_fixture=str(fixture), no_kube=True,
                         node="bench-node", host="127.0.0.1", port=port)
     agent = Agent(default_stages(opts), probe_enabled=False)
-    results = tuple({"gpu": str(i), "status": "passed", "passed": True, "reasons": [],
-                     "finished_at": "2025-01-01T00:00:00Z", "duration_seconds": 14.2,
-                     "result": {"accuracy": 0.97, "train_images_per_second": 98000.0 + i}} for i in range(8))
+    from tests.fixtures.probes import probe_result, probe_verdict
+
+    results = tuple(probe_verdict(str(i), probe_result(launch=41000.0 + i, device=98000.0 + i), duration=14.2)
+                    for i in range(8))
     agent._probe = _ProbeState(results=results, last_success={str(i): 1735689600.0 for i in range(8)})
     snap = agent.run_pass()
     print(json.dumps({"metrics_bytes": len(snap.metrics_body), "readiness_bytes": len(snap.readiness_body),
-                      "settings": len((snap.audit or {}).get("settings", []))}), flush=True)
+                      "settings": len((snap.audit or {}).get("settings", [])),
+                      "series": sum(1 for ln in snap.metrics_body.splitlines() if ln and not ln.startswith(b"#"))}),
+          flush=True)
     uvicorn.run(create_app(agent.state), host="127.0.0.1", port=port, **UVICORN)
 
 

@@ -35,16 +35,20 @@ REPO = HERE.parent
 # SETTINGS are the figures the README reports; QUICK trades precision for time.
 SETTINGS: dict[str, list[str]] = {
     "bench_audit.py": ["--runs", "15"],
+    "bench_metrics.py": ["--runs", "5"],
     "bench_topology.py": ["--runs", "15", "--process-runs", "7"],
     "bench_kube.py": ["--agents", "500"],
+    "bench_fleet.py": ["--nodes", "1000", "--runs", "7"],
     "bench_probe.py": ["--runs", "2", "--busy-runs", "1", "--repeats", "3"],
     "bench_agent.py": ["--idle", "20", "--interval", "10"],
     "bench_http.py": ["--duration", "10", "--repeat", "2"],
 }
 QUICK: dict[str, list[str]] = {
     "bench_audit.py": ["--runs", "7"],
+    "bench_metrics.py": ["--runs", "3"],
     "bench_topology.py": ["--runs", "7", "--process-runs", "3"],
     "bench_kube.py": ["--agents", "100"],
+    "bench_fleet.py": ["--nodes", "1000", "--runs", "3"],
     "bench_probe.py": ["--runs", "1", "--busy-runs", "1", "--repeats", "2", "--seconds", "2"],
     "bench_agent.py": ["--idle", "10", "--interval", "5"],
     "bench_http.py": ["--duration", "3", "--repeat", "1"],

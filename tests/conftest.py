@@ -32,6 +32,18 @@ def make_host(tmp_path):
     return _make
 
 
+@pytest.fixture()
+def api():
+    """A local Kubernetes API server (tests/kubeapi.py) over real HTTP, stopped afterwards."""
+    from tests.kubeapi import KubeAPIServer
+
+    srv = KubeAPIServer().start()
+    try:
+        yield srv
+    finally:
+        srv.stop()
+
+
 @pytest.fixture
 def gpu_fixture(tmp_path):
     """gpu_fixture("dgx-8gpu") -> a writable copy of tests/fixtures/gpu/<name>.json."""

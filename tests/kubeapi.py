@@ -12,6 +12,12 @@ It keeps Node objects the way kube-apiserver does for the calls gpu-tune makes:
 - a ``metadata.resourceVersion`` in a patch that is not the current one gives 409 Conflict;
   every write that changes the object increments the resourceVersion (a no-op does not).
 - ``POST /api/v1/namespaces/{ns}/events`` (``metadata.name`` or ``generateName``).
+- ``GET /api/v1/nodes``: a ``NodeList`` sorted by name, filtered by ``labelSelector`` (``k``,
+  ``!k``, ``k=v``, ``k==v``, ``k!=v``, ``k in (a,b)``, ``k notin (a,b)``, comma-separated; a
+  malformed selector is 400 as kube-apiserver answers it) and paged by ``limit`` + ``continue``
+  (``metadata.continue`` and ``remainingItemCount`` on every page but the last; a token from an
+  older list generation, see :meth:`KubeAPIServer.expire_continue_tokens`, is 410 Gone).
+  ``list_calls`` counts them.
 
 Fault injection: :meth:`KubeAPIServer.stop` / :meth:`start` (connections refused, then back on
 the same port), :meth:`fail` (a status for N calls, or forever, on a method and path pattern),
@@ -22,6 +28,7 @@ including refused ones.
 
 from __future__ import annotations
 
+import base64
 import copy
 import json
 import random
@@ -34,9 +41,11 @@ from collections import Counter
 from dataclasses import dataclass
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from pathlib import Path
-from typing import Any
+from typing import Any, Callable
+from urllib.parse import parse_qs
 
 NODE_RE = re.compile(r"^/api/v1/nodes/([^/?]+)(/status)?$")
+NODES_RE = re.compile(r"^/api/v1/nodes/?$")
 EVENTS_RE = re.compile(r"^/api/v1/namespaces/([^/?]+)/events$")
 WRITE_METHODS = {"PATCH", "POST", "PUT", "DELETE"}
 
@@ -112,6 +121,8 @@ class KubeAPIServer:
         self.bodies: list[tuple[str, str, str, Any]] = []  # writes: (method, path, content type, body)
         self.conflict_first_try = False
         self.latency_s = 0.0
+        self.list_calls: list[dict[str, str]] = []  # the query of every GET /api/v1/nodes
+        self._list_generation = 0
         self._rules: list[FailRule] = []
         self._first_try_seen: set[tuple[str, str]] = set()
         self._rv = 100
@@ -219,6 +230,11 @@ class KubeAPIServer:
             node["metadata"]["resourceVersion"] = self._next_rv()
             self.nodes[name] = node
 
+    def expire_continue_tokens(self) -> None:
+        """Tokens handed out so far become invalid (410 Gone), as after an etcd compaction."""
+        with self._lock:
+            self._list_generation += 1
+
     def fail(self, path_regex: str, status: int, times: int | None = None, method: str | None = None) -> FailRule:
         rule = FailRule(method, re.compile(path_regex), status, times)
         with self._lock:
@@ -260,7 +276,7 @@ class KubeAPIServer:
         return None
 
     def handle(self, method: str, path: str, ctype: str, body: bytes, auth: str | None) -> tuple[int, dict[str, Any], dict[str, str]]:
-        path = path.split("?", 1)[0]
+        path, _, query = path.partition("?")
         if self.latency_s:
             time.sleep(self.latency_s)
         with self._lock:
@@ -279,7 +295,11 @@ class KubeAPIServer:
                     self.bodies.append((method, path, ctype, body))
             elif subject:
                 self.reads[subject] += 1
-            code, doc, headers = self._dispatch(method, path, ctype, body, auth, m_node, m_ev)
+            if method == "GET" and NODES_RE.match(path):
+                self.list_calls.append({k: v[-1] for k, v in parse_qs(query, keep_blank_values=True).items()})
+                code, doc, headers = self._list_nodes(auth, query)
+            else:
+                code, doc, headers = self._dispatch(method, path, ctype, body, auth, m_node, m_ev)
             self.calls.append((method, path, code))
             return code, doc, headers
 
@@ -310,6 +330,45 @@ class KubeAPIServer:
                 return _status(405, "MethodNotAllowed", f"{method} not supported here")
             return self._post_event(m_ev.group(1), body)
         return _status(404, "NotFound", f"the server could not find the requested resource ({path})")
+
+    def _list_nodes(self, auth: str | None, query: str):  # noqa: ANN202
+        if self.token is not None and auth != f"Bearer {self.token}":
+            return _status(401, "Unauthorized", "Unauthorized")
+        rule = self._injected("GET", "/api/v1/nodes")
+        if rule is not None:
+            msg = ('nodes is forbidden: User "jane@example.com" cannot list resource "nodes" in API group "" '
+                   "at the cluster scope" if rule.status == 403 else f"injected {rule.status}")
+            code, doc, _ = _status(rule.status, {403: "Forbidden", 429: "TooManyRequests"}.get(
+                rule.status, "InternalError"), msg)
+            return code, doc, ({"Retry-After": "0"} if rule.status == 429 else {})
+        q = {k: v[-1] for k, v in parse_qs(query, keep_blank_values=True).items()}
+        try:
+            match = parse_label_selector(q.get("labelSelector", ""))
+        except ValueError as exc:
+            return _status(400, "BadRequest", f"unable to parse requirement: {exc}")
+        try:
+            limit = int(q.get("limit") or 0)
+        except ValueError:
+            return _status(400, "BadRequest", f"limit: invalid value {q.get('limit')!r}")
+        start = ""
+        if q.get("continue"):
+            try:
+                tok = json.loads(base64.urlsafe_b64decode(q["continue"].encode()))
+                gen, start = int(tok["gen"]), str(tok["start"])
+            except (ValueError, KeyError, TypeError):
+                return _status(400, "BadRequest", "continue key is not valid")
+            if gen != self._list_generation:
+                return _status(410, "Expired", "The provided continue parameter is too old to display a "
+                               "consistent list result. You can start a new list without the continue parameter.")
+        names = [n for n in sorted(self.nodes) if n > start and match(self.nodes[n]["metadata"].get("labels") or {})]
+        page = names[:limit] if limit > 0 else names
+        meta: dict[str, Any] = {"resourceVersion": str(self._rv)}
+        if len(page) < len(names):
+            meta["continue"] = base64.urlsafe_b64encode(json.dumps(
+                {"gen": self._list_generation, "start": page[-1]}).encode()).decode()
+            meta["remainingItemCount"] = len(names) - len(page)
+        return 200, {"kind": "NodeList", "apiVersion": "v1", "metadata": meta,
+                     "items": [copy.deepcopy(self.nodes[n]) for n in page]}, {}
 
     def _patch(self, name: str, status_sub: bool, ctype: str, body: bytes):  # noqa: ANN202
         ctype = ctype.split(";", 1)[0].strip()
@@ -389,6 +448,78 @@ def _validate_labels(labels: dict[str, Any]) -> str:
         if not isinstance(v, str) or len(v) > 63 or not _LABEL_VALUE.match(v):
             return f"metadata.labels: Invalid value: {v!r}: a valid label must be 63 characters or less of [A-Za-z0-9_.-]"
     return ""
+
+
+_SELECTOR_TERM = re.compile(
+    r"^\s*(?P<neg>!)?\s*(?P<key>[^\s!=,()]+)\s*(?:(?P<op>==|!=|=|\s+in\s+|\s+notin\s+)\s*(?P<val>.*?))?\s*$")
+
+
+def _split_terms(text: str) -> list[str]:
+    terms, depth, cur = [], 0, ""
+    for ch in text:
+        if ch == "(":
+            depth += 1
+        elif ch == ")":
+            depth -= 1
+            if depth < 0:
+                raise ValueError(f"unbalanced ')' in {text!r}")
+        if ch == "," and depth == 0:
+            terms.append(cur)
+            cur = ""
+        else:
+            cur += ch
+    if depth:
+        raise ValueError(f"unbalanced '(' in {text!r}")
+    return terms + [cur]
+
+
+def _check_key(key: str) -> None:
+    prefix, _, name = key.rpartition("/")
+    if not _LABEL_KEY_NAME.match(name) or len(name) > 63 or (prefix and not re.match(r"^[a-z0-9.-]+$", prefix)):
+        raise ValueError(f"invalid label key {key!r}: name part must consist of alphanumeric characters, "
+                         "'-', '_' or '.', and must start and end with an alphanumeric character")
+
+
+def _check_value(value: str) -> None:
+    if len(value) > 63 or not _LABEL_VALUE.match(value):
+        raise ValueError(f"invalid label value: {value!r}: a valid label must be an empty string or consist "
+                         "of alphanumeric characters, '-', '_' or '.'")
+
+
+def parse_label_selector(text: str) -> Callable[[dict[str, str]], bool]:
+    """A predicate over a label map for a Kubernetes label selector; ValueError when malformed."""
+    if not text.strip():
+        return lambda labels: True
+    preds: list[Callable[[dict[str, str]], bool]] = []
+    for term in _split_terms(text):
+        m = _SELECTOR_TERM.match(term)
+        if not term.strip() or not m:
+            raise ValueError(f"{term!r}: found unexpected token")
+        key, op, val, neg = m.group("key"), (m.group("op") or "").strip(), m.group("val"), bool(m.group("neg"))
+        _check_key(key)
+        if neg:
+            if op:
+                raise ValueError(f"{term!r}: '!' only negates an existence test")
+            preds.append(lambda lab, k=key: k not in lab)
+        elif not op:
+            preds.append(lambda lab, k=key: k in lab)
+        elif op in ("=", "==", "!="):
+            _check_value(val)
+            if op == "!=":
+                preds.append(lambda lab, k=key, v=val: lab.get(k) != v)
+            else:
+                preds.append(lambda lab, k=key, v=val: lab.get(k) == v)
+        else:
+            if not (val.startswith("(") and val.endswith(")")):
+                raise ValueError(f"{term!r}: expected '(' after {op}")
+            values = {x.strip() for x in val[1:-1].split(",")}
+            for v in values:
+                _check_value(v)
+            if op == "in":
+                preds.append(lambda lab, k=key, vs=values: lab.get(k) in vs)
+            else:
+                preds.append(lambda lab, k=key, vs=values: lab.get(k) not in vs)
+    return lambda labels: all(p(labels) for p in preds)
 
 
 def _status(code: int, reason: str, message: str) -> tuple[int, dict[str, Any], dict[str, str]]:

@@ -7,7 +7,8 @@ import json
 import pytest
 from fastapi.testclient import TestClient
 
-from agent.app import PROM_CONTENT_TYPE, AgentState, create_app
+from agent.app import PROM_CONTENT_TYPE, create_app
+from agent.snapshot import AgentState
 
 from .test_metrics import snapshot
 
@@ -66,7 +67,7 @@ def test_snapshot_served_as_is(served):
 
 
 def test_ready_is_200():
-    from agent.app import Snapshot
+    from agent.snapshot import Snapshot
     from agent.readiness import Check, Verdict
 
     state = AgentState("n", "inference", interval=10)

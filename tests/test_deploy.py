@@ -30,7 +30,7 @@ DASHBOARD = MON_DIR / "dashboards" / "gpu-tune.json"
 K8S_VERSION = "1.33"
 OVERLAYS = ("audit", "training", "inference")
 KUSTOMIZATIONS = ("base", "overlays/audit", "overlays/training", "overlays/inference", "overlays/minikube",
-                  "monitoring", ".")
+                  "monitoring", "fleet-viewer", ".")
 OPERATOR_KINDS = {("monitoring.coreos.com/v1", "PodMonitor"), ("monitoring.coreos.com/v1", "ServiceMonitor"),
                   ("monitoring.coreos.com/v1", "PrometheusRule")}
 GPU_KEYS = ("feature.node.kubernetes.io/pci-10de.present", "nvidia.com/gpu.present")
@@ -107,6 +107,8 @@ def test_kustomize_renders(kdir):
     kinds = sorted(d["kind"] for d in render(kdir))
     if kdir == "monitoring":
         assert kinds == ["ConfigMap", "PodMonitor", "PrometheusRule"]
+    elif kdir == "fleet-viewer":
+        assert kinds == ["ClusterRole"]
     else:
         assert kinds == sorted(["Namespace", "ServiceAccount", "ClusterRole", "ClusterRoleBinding",
                                 "ConfigMap", "DaemonSet"])
@@ -195,6 +197,18 @@ def test_cluster_role_is_minimal():
     assert binding["subjects"] == [{"kind": "ServiceAccount", "name": sa["metadata"]["name"],
                                     "namespace": sa["metadata"]["namespace"]}]
     assert ds["spec"]["template"]["spec"]["serviceAccountName"] == sa["metadata"]["name"]
+
+
+def test_fleet_viewer_role_is_read_only_nodes():
+    """People running `gpu-tune fleet` get nodes get/list and nothing else (no watch, no write,
+    no secrets); the agent's own role stays what it was."""
+    (role,) = render("fleet-viewer")
+    assert role["kind"] == "ClusterRole" and role["metadata"]["name"] == "gpu-tune-fleet-viewer"
+    grants = {(g, r, v) for rule in role["rules"] for g in rule["apiGroups"] for r in rule["resources"]
+              for v in rule["verbs"]}
+    assert grants == {("", "nodes", "get"), ("", "nodes", "list")}
+    assert all("resourceNames" not in r and "nonResourceURLs" not in r for r in role["rules"])
+    assert "fleet-viewer" not in json.dumps(render("."))  # not deployed with the agent
 
 
 # -- the DaemonSet ----------------------------------------------------------------------------
@@ -487,6 +501,14 @@ def test_podmonitor_scrapes_the_agent_port():
     assert daemonset("audit")["spec"]["template"]["metadata"]["labels"]["app.kubernetes.io/name"] == "gpu-tune"
 
 
+def test_rules_and_dashboard_need_no_per_target_series():
+    """gpu_tune_setting_target_compliant exists only with serve --metrics-targets: nothing shipped
+    may depend on it, nor on the per-target label of 0.1.0."""
+    shipped = RULES_FILE.read_text() + DASHBOARD.read_text()
+    assert "gpu_tune_setting_target_compliant" not in shipped
+    assert "$labels.target" not in shipped and "{{target}}" not in shipped
+
+
 def test_docs_explain_every_alert():
     text = (REPO / "docs" / "monitoring.md").read_text()
     missing = [a for a in alerts_in_rules() if a not in text]
@@ -511,8 +533,10 @@ def test_dashboard_configmap_and_queries(tmp_path):
     assert cm["data"] == {DASHBOARD.name: raw}
     exprs = dashboard_exprs(dash)
     used = " ".join(exprs)
-    for metric in ("gpu_tune_ready", "gpu_tune_setting_compliant", "gpu_tune_probe_train_images_per_second",
-                   "gpu_tune_probe_accuracy", "gpu_tune_gpu_pcie_link_generation", "gpu_tune_gpu_pcie_link_width"):
+    for metric in ("gpu_tune_ready", "gpu_tune_setting_compliant", "gpu_tune_setting_targets",
+                   "gpu_tune_probe_train_images_per_second", "gpu_tune_probe_gpu_busy_ratio",
+                   "gpu_tune_probe_fingerprint_info", "gpu_tune_probe_accuracy", "gpu_tune_gpu_pcie_link_generation",
+                   "gpu_tune_gpu_pcie_link_width"):
         assert metric in used, f"dashboard lacks {metric}"
     ids = [p["id"] for p in dash["panels"]]
     assert len(ids) == len(set(ids)), "panel ids must be unique"

@@ -166,6 +166,9 @@ def test_serve_enforce_publishes_node_then_writes_nothing(tmp_path, procs):
         assert ann[ANNOTATION_OWNED] == ",".join(sorted(mine))
         topo = json.loads(ann[ANNOTATION_TOPOLOGY])
         assert len(topo["numa_nodes"]) == 1 and topo["gpus"] == []
+        summary = json.loads(ann[PREFIX + "summary"])  # what `gpu-tune fleet` reads
+        assert summary["drift"] == 0 and summary["failing"] == []
+        assert summary["probe"]["cpu"]["status"] == "passed" and summary["probe"]["cpu"]["accuracy"] > 0.5
         cond = condition(n)
         assert cond is not None and cond["status"] == "True" and cond["reason"] == "AllChecksPassed"
         assert n["spec"]["taints"] == [FOREIGN_TAINT]  # ours removed, the other kept as it was
@@ -246,6 +249,9 @@ def test_label_cli_publishes_once_then_nothing(tmp_path):
         assert n["spec"]["taints"] == [FOREIGN_TAINT] and condition(n)["status"] == "True"
         assert ours(n["metadata"]["labels"])[PREFIX + "ready"] == "true"
         assert all(n["metadata"]["labels"][k] == v for k, v in FOREIGN_LABELS.items())
+        summary = json.loads(n["metadata"]["annotations"][PREFIX + "summary"])
+        assert summary == {"v": 1, "drift": 0, "failing": [],
+                           "probe": {"cpu": {"status": "passed", "accuracy": 0.955, "launch_bound": 7600}}}
 
         second = gpu_tune(*cmd, "--node", node)
         assert second.returncode == 0, second.stdout + second.stderr
@@ -287,7 +293,7 @@ def test_prometheus_scrapes_the_agent(tmp_path, procs):
     agent_log = tmp_path / "serve.log"
     # no MNIST data: the probe ends at once with an error verdict (no TensorFlow started)
     agent = procs.serve(root, agent_log, "--port", str(agent_port), "--no-kube", "--interval", "1",
-                        "--probe-device", "cpu", "--probe-data", str(tmp_path / "no-mnist.npz"))
+                        "--probe-device", "cpu", "--probe-data", str(tmp_path / "no-mnist.npz"), "--metrics-targets")
     wait_for("agent /metrics", lambda: http_get(f"http://127.0.0.1:{agent_port}/metrics")[0] == 200, 30,
              proc=agent, log=agent_log)
     cfg = tmp_path / "prometheus.yml"
@@ -309,17 +315,24 @@ def test_prometheus_scrapes_the_agent(tmp_path, procs):
 
     def scraped() -> dict[str, list[dict]] | None:
         got = {q: query(q) for q in ('up{job="gpu-tune"}', 'gpu_tune_build_info{job="gpu-tune"}',
-                                     'gpu_tune_setting_compliant{job="gpu-tune"}', 'gpu_tune_ready{job="gpu-tune"}')}
+                                     'gpu_tune_setting_compliant{job="gpu-tune"}', 'gpu_tune_ready{job="gpu-tune"}',
+                                     'gpu_tune_setting_targets{job="gpu-tune"}',
+                                     'gpu_tune_setting_target_compliant{job="gpu-tune"}')}
         return got if all(got.values()) and got['up{job="gpu-tune"}'][0]["value"][1] == "1" else None
 
     got = wait_for("prometheus: up == 1 and gpu_tune_* series for job gpu-tune", scraped, 30, proc=prom,
                    log=prom_log, step=0.5)
     build = got['gpu_tune_build_info{job="gpu-tune"}'][0]["metric"]
     assert build["instance"] == f"127.0.0.1:{agent_port}" and build.get("version")
-    settings = {(s["metric"]["id"], s["metric"]["target"]): s["value"][1]
-                for s in got['gpu_tune_setting_compliant{job="gpu-tune"}']}
-    assert ("sysctl.vm.swappiness", "host") in settings  # audit mode: 60 != 0, not compliant
-    assert settings[("sysctl.vm.swappiness", "host")] == "0"
+    settings = {s["metric"]["id"]: s["value"][1] for s in got['gpu_tune_setting_compliant{job="gpu-tune"}']}
+    assert settings["sysctl.vm.swappiness"] == "0"  # audit mode: 60 != 0, not compliant
+    targets = {(s["metric"]["id"], s["metric"]["status"]): s["value"][1]
+               for s in got['gpu_tune_setting_targets{job="gpu-tune"}']}
+    assert targets[("cpu.governor", "drift")] == "2"  # both CPUs run schedutil, the profile wants performance
+    # --metrics-targets: the per-target series too
+    per_target = {(s["metric"]["id"], s["metric"]["target"]): s["value"][1]
+                  for s in got['gpu_tune_setting_target_compliant{job="gpu-tune"}']}
+    assert per_target[("cpu.governor", "cpu0")] == per_target[("cpu.governor", "cpu1")] == "0"
     assert got['gpu_tune_ready{job="gpu-tune"}'][0]["value"][1] == "0"  # drift and a failed probe
     for p in (prom, agent):
         p.send_signal(signal.SIGTERM)

@@ -13,7 +13,7 @@ import pytest
 from agent.errors import InputError
 from agent.kube import KubePublisher, NullPublisher, make_publisher, plan_node
 from agent.labels import ANNOTATION_OWNED, CONDITION_TYPE, TAINT_KEY, desired_node_state
-from tests.kubeapi import KubeAPIServer, write_kubeconfig
+from tests.kubeapi import write_kubeconfig
 
 FAST = dict(backoff_base_s=0.01, backoff_cap_s=0.05, retry_budget_s=5.0, attempts=4,
             request_timeout=(1.0, 3.0))
@@ -37,15 +37,6 @@ def _want(ready: bool, *, reason: str = "", message: str = "", profile: str = "t
                               message=message or ("all checks passed" if ready else "probe has not run yet"),
                               topology=_topology(n), gpus=gpus, driver_version="570.124.06",
                               taint_when_not_ready=taint)
-
-
-@pytest.fixture()
-def api():
-    srv = KubeAPIServer().start()
-    try:
-        yield srv
-    finally:
-        srv.stop()
 
 
 @pytest.fixture()
@@ -314,7 +305,7 @@ def test_stale_resource_version_is_rejected_by_server(api, kubeconfig):
     body = {"metadata": {"resourceVersion": node["metadata"]["resourceVersion"]}, "spec": {"taints": [OURS]}}
     from kubernetes.client.exceptions import ApiException
     with pytest.raises(ApiException) as exc:
-        pub._api.patch_node("gpu-1", body, _content_type="application/merge-patch+json")
+        pub._api.request("PATCH", "/api/v1/nodes/gpu-1", body=body, content_type="application/merge-patch+json")
     assert exc.value.status == 409
     assert pub.publish(_want(False)).ok
     assert api.node("gpu-1")["spec"]["taints"] == [FOREIGN_TAINT, {"key": "late", "effect": "NoSchedule"}, OURS]
@@ -376,18 +367,21 @@ def test_server_keeps_status_and_spec_apart(api, kubeconfig):
     """The test server itself: main resource drops status; nodes/status drops spec, keeps labels."""
     api.add_node("gpu-1")
     pub = _pub(kubeconfig)
-    pub._api.patch_node("gpu-1", {"status": {"conditions": [{"type": "X", "status": "True"}]},
-                                  "metadata": {"labels": {"a": "1"}}}, _content_type="application/merge-patch+json")
+    pub._api.request("PATCH", "/api/v1/nodes/gpu-1", body={"status": {"conditions": [{"type": "X", "status": "True"}]},
+                                                          "metadata": {"labels": {"a": "1"}}},
+                     content_type="application/merge-patch+json")
     node = api.node("gpu-1")
     assert node["metadata"]["labels"]["a"] == "1" and not any(c["type"] == "X" for c in node["status"]["conditions"])
-    pub._api.patch_node_status("gpu-1", {"spec": {"taints": [OURS]}, "metadata": {"labels": {"b": "2"}},
-                                         "status": {"conditions": [{"type": "X", "status": "True"}]}},
-                               _content_type="application/strategic-merge-patch+json")
+    pub._api.request("PATCH", "/api/v1/nodes/gpu-1/status",
+                     body={"spec": {"taints": [OURS]}, "metadata": {"labels": {"b": "2"}},
+                           "status": {"conditions": [{"type": "X", "status": "True"}]}},
+                     content_type="application/strategic-merge-patch+json")
     node = api.node("gpu-1")
     assert node["spec"]["taints"] == [] and node["metadata"]["labels"]["b"] == "2"
     assert [c["type"] for c in node["status"]["conditions"]] == ["Ready", "X"]
     rv = node["metadata"]["resourceVersion"]
-    pub._api.patch_node("gpu-1", {"metadata": {"labels": {"a": "1"}}}, _content_type="application/merge-patch+json")
+    pub._api.request("PATCH", "/api/v1/nodes/gpu-1", body={"metadata": {"labels": {"a": "1"}}},
+                     content_type="application/merge-patch+json")
     assert api.node("gpu-1")["metadata"]["resourceVersion"] == rv  # a no-op is not a new version
 
 
@@ -419,6 +413,91 @@ def test_unexpected_client_error_is_a_value(api, kubeconfig, monkeypatch):
     def boom(*a, **k):
         raise RuntimeError("client blew up")
 
-    monkeypatch.setattr(pub._api, "read_node", boom)
+    monkeypatch.setattr(pub._api, "request", boom)
     r = pub.publish(_want(True))
     assert not r.ok and "RuntimeError: client blew up" in r.detail
+
+
+def test_summary_annotation_published_once_and_steady_passes_write_nothing(api, kubeconfig):
+    from .test_labels import _want_with_summary
+
+    api.add_node("gpu-1")
+    pub = _pub(kubeconfig)
+    assert pub.publish(_want_with_summary()).ok
+    summary = json.loads(api.node("gpu-1")["metadata"]["annotations"]["gpu-tune.io/summary"])
+    assert summary["drift"] == 5 and summary["probe"]["0"]["device_bound"] == 99000
+    # the next passes: the GPU warmer and busier, the probe re-run a little slower: nothing to write
+    api.reset_counts()
+    for temp, util, launch in ((92.0, 88.0, 41100.0), (95.5, 97.0, 40700.0)):
+        r = pub.publish(_want_with_summary(temp=temp, util=util, launch=launch))
+        assert r.ok and r.writes == 0, r.changed
+    assert api.total_writes() == 0
+    # a new fingerprint is news: one metadata patch, no condition write, no Event
+    r = pub.publish(_want_with_summary(fp="deadbeef"))
+    assert r.writes == 1 and r.changed == ["annotation gpu-tune.io/summary updated"]
+    assert json.loads(api.node("gpu-1")["metadata"]["annotations"]["gpu-tune.io/summary"])["probe"]["0"][
+        "fingerprint"] == "deadbeef"
+
+
+def test_plan_heartbeat_only_when_due():
+    """A steady node gets its GPUHostReady condition re-written once it is heartbeat_s old (so that
+    `gpu-tune fleet` can tell a running agent from a stopped one), never in between."""
+    want = _want(True)
+    first = plan_node({"metadata": {}, "status": {}}, want, now="2025-01-01T00:00:00Z").condition
+    node = {"metadata": {"labels": {}, "annotations": {}}, "status": {"conditions": [
+        {**first, "lastTransitionTime": "2024-12-01T00:00:00Z"}]}}
+    t0 = 1735689600.0  # 2025-01-01T00:00:00Z
+    assert plan_node(node, want, heartbeat_s=600, now_ts=t0 + 599).condition is None
+    assert plan_node(node, want, heartbeat_s=None, now_ts=t0 + 86400).condition is None
+    plan = plan_node(node, want, now="2025-01-01T00:10:00Z", heartbeat_s=600, now_ts=t0 + 600)
+    assert plan.condition == {**first, "lastHeartbeatTime": "2025-01-01T00:10:00Z",
+                              "lastTransitionTime": "2024-12-01T00:00:00Z"}
+    assert not plan.transition
+    assert [c for c in plan.changed if c.startswith("condition")] == [
+        f"condition {CONDITION_TYPE} heartbeat (600s since the last)"]
+    # an unreadable heartbeat is written again
+    node["status"]["conditions"][0]["lastHeartbeatTime"] = "yesterday"
+    assert plan_node(node, want, heartbeat_s=600).condition is not None
+
+
+def test_heartbeat_over_http_is_one_status_write_without_event(api, kubeconfig):
+    api.add_node("gpu-1")
+    pub = _pub(kubeconfig)  # the default heartbeat: 10 minutes
+    assert pub.publish(_want(True)).ok
+    events = len(api.events_for("gpu-1"))
+    api.reset_counts()
+    assert pub.publish(_want(True)).writes == 0  # within the heartbeat
+    # eleven minutes pass (the condition's heartbeat on the server ages)
+    with api._lock:
+        cond = next(c for c in api.nodes["gpu-1"]["status"]["conditions"] if c["type"] == CONDITION_TYPE)
+        cond["lastHeartbeatTime"] = time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime(time.time() - 660))
+        old = dict(cond)
+    r = pub.publish(_want(True))
+    assert r.ok and r.writes == 1 and len(r.changed) == 1 and "heartbeat" in r.changed[0]
+    assert [(m, p.rsplit("/", 1)[-1]) for m, p, _, _ in api.bodies] == [("PATCH", "status")]
+    new = next(c for c in api.node("gpu-1")["status"]["conditions"] if c["type"] == CONDITION_TYPE)
+    assert new["lastHeartbeatTime"] > old["lastHeartbeatTime"]
+    assert new["lastTransitionTime"] == old["lastTransitionTime"] and new["status"] == "True"
+    assert len(api.events_for("gpu-1")) == events  # no Event for a heartbeat
+    assert pub.publish(_want(True)).writes == 0
+
+
+@pytest.mark.slow
+def test_generated_core_api_is_never_imported(api, kubeconfig, tmp_path):
+    """The publisher and the fleet list go through ApiClient: the generated CoreV1Api (~21 MB
+    resident, ~0.5 s to import) stays out of the process."""
+    api.add_node("gpu-1")
+    code = ("import sys, json\n"
+            "from agent.kube import make_publisher, list_nodes, reader_configuration\n"
+            "from tests.test_kube import _want\n"
+            f"pub = make_publisher('gpu-1', {kubeconfig!r}, False)\n"
+            "assert pub.publish(_want(False)).ok\n"
+            f"cfg, src = reader_configuration({kubeconfig!r})\n"
+            "assert len(list_nodes(cfg).items) == 1\n"
+            "print(json.dumps(sorted(m for m in sys.modules if m.startswith('kubernetes.client.api'))))\n")
+    proc = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120,
+                          cwd=Path(__file__).resolve().parents[1])
+    assert proc.returncode == 0, proc.stderr
+    loaded = json.loads(proc.stdout)
+    assert "kubernetes.client.api.core_v1_api" not in loaded, loaded
+    assert api.node("gpu-1")["metadata"]["labels"]["gpu-tune.io/ready"] == "false"

@@ -195,3 +195,89 @@ def test_topology_annotation_bounded():
     assert len(text) <= MAX_TOPOLOGY_ANNOTATION
     doc = json.loads(text)
     assert doc["truncated"] is True and "irqs" not in doc and len(doc["gpus"]) == 2
+
+
+# -- the summary annotation (what `gpu-tune fleet` shows) ---------------------------------------
+def _summary_facts(*, temp: float = 91.0, util: float = 85.0, launch: float = 41234.5, fp: str = "3f2a9c1d",
+                   swappiness: str = "60"):
+    """A not-ready node: drift, a hot GPU with a link trained down under load, a failed probe."""
+    from agent.policy import Profile
+    from agent.readiness import verdict
+
+    from .fixtures.probes import probe_result, probe_verdict
+    from .test_readiness import h100
+
+    audit = {"profile": "training", "compliant": False, "settings": [
+        {"id": "sysctl.vm.swappiness", "target": "host", "current": swappiness, "desired": "0", "status": "drift",
+         "detail": ""},
+        {"id": "thp.enabled", "target": "host", "current": "never", "desired": "never", "status": "ok", "detail": ""},
+        *[{"id": "cpu.governor", "target": f"cpu{i}", "current": "schedutil", "desired": "performance",
+           "status": "drift" if i < 3 else "unsupported", "detail": ""} for i in range(8)],
+        {"id": "irq.affinity", "target": "120", "current": "0-3", "desired": "0-1", "status": "conflict",
+         "detail": "irqbalance"}]}
+    gpus = [h100(0), h100(1, temperature_c=temp, utilization_percent=util, pcie_link_gen_current=4)]
+    probes = [probe_verdict("0", probe_result(launch=launch, fingerprint=fp)),
+              probe_verdict("1", {"accuracy": 0.41, "train_images_per_second": 39000.5}, passed=False)]
+    prof = Profile(name="training", readiness={"max_temperature_c": 83})
+    v = verdict(profile=prof, audit=audit, gpus=gpus, probes=probes)
+    return dict(checks=v.checks, audit=audit, probes=probes), v
+
+
+def _want_with_summary(**facts):
+    inputs, v = _summary_facts(**facts)
+    return desired_node_state(profile="training", ready=v.ready, reason=v.reason(), message=v.message(),
+                              topology=_topology([0, 1]), gpus=_gpus([0, 1]), driver_version="580.65.06",
+                              **inputs)
+
+
+def test_summary_annotation_shape():
+    from agent.labels import ANNOTATION_SUMMARY
+
+    doc = json.loads(_want_with_summary().annotations[ANNOTATION_SUMMARY])
+    assert doc["v"] == 1
+    assert doc["drift"] == 5  # 1 sysctl + 3 CPUs in drift + 1 IRQ in conflict; ok and unsupported do not count
+    failing = {f["check"]: f["detail"] for f in doc["failing"]}
+    assert set(failing) == {"tuning.compliant", "gpu.1.healthy", "probe.1.passed"}
+    assert "sysctl.vm.swappiness[host] drift: 60 != 0" in failing["tuning.compliant"]
+    assert "PCIe link trained down (Gen4 of Gen5 under load)" in failing["gpu.1.healthy"]
+    assert "temperature above 83 C" in failing["gpu.1.healthy"]
+    assert "accuracy 0.41 < 0.90" in failing["probe.1.passed"]
+    assert doc["probe"] == {
+        "0": {"status": "passed", "accuracy": 0.9812, "fingerprint": "3f2a9c1d",
+              "peer_group": "NVIDIA H100 80GB HBM3 | driver 580 | tensorflow 2.21.0 | probe 2 | data 3f2a9c1d",
+              "launch_bound": 41000, "device_bound": 99000},
+        "1": {"status": "failed", "accuracy": 0.41, "launch_bound": 39000},  # an old result: one figure
+    }
+
+
+def test_summary_is_stable_across_passes_of_a_steady_node():
+    """Readings that move every pass (temperature, utilization) and throughput that wobbles from one
+    probe run to the next must not change the annotation: a steady node makes no write."""
+    from agent.labels import ANNOTATION_SUMMARY
+
+    a = _want_with_summary(temp=91.0, util=85.0, launch=41234.5)
+    b = _want_with_summary(temp=96.5, util=99.0, launch=40510.0)
+    assert a.annotations == b.annotations and a.labels == b.labels and a.condition == b.condition
+    # what does change it: a new fingerprint, a different drift
+    assert _want_with_summary(fp="deadbeef").annotations[ANNOTATION_SUMMARY] != a.annotations[ANNOTATION_SUMMARY]
+    assert _want_with_summary(swappiness="10").annotations[ANNOTATION_SUMMARY] != a.annotations[ANNOTATION_SUMMARY]
+
+
+def test_summary_without_facts_and_bounded():
+    from agent.labels import ANNOTATION_SUMMARY, MAX_SUMMARY_ANNOTATION, node_summary, summary_annotation
+
+    from .fixtures.probes import probe_result, probe_verdict
+
+    bare = json.loads(desired_node_state(profile="training", ready=False, reason="", message="", topology={},
+                                         gpus=[], driver_version=None).annotations[ANNOTATION_SUMMARY])
+    assert bare == {"v": 1, "drift": None, "failing": [], "probe": {}}
+    # 64 GPUs, every check failing with a long detail, long peer groups: still bounded, still JSON
+    checks = [{"name": f"gpu.{i}.healthy", "ok": False, "detail": "x" * 5000} for i in range(64)]
+    probes = [probe_verdict(str(i), probe_result(peer_group="p" * 1000)) for i in range(64)]
+    text = summary_annotation(node_summary(audit={"settings": [{"status": "drift"}] * 5000}, checks=checks,
+                                           probes=probes))
+    doc = json.loads(text)
+    assert len(text.encode()) <= MAX_SUMMARY_ANNOTATION
+    assert doc["drift"] == 5000 and doc["failing_more"] == 64 - len(doc["failing"])
+    assert all(len(f["detail"]) <= 240 for f in doc["failing"])
+    assert len(doc["probe"]) + doc.get("probe_more", 0) == 64

@@ -9,14 +9,21 @@ import pytest
 from prometheus_client.parser import text_string_to_metric_families
 
 from agent import __version__
-from agent.app import CollectorStatus, Snapshot
-from agent.metrics import FAMILIES, SnapshotCollector, make_registry, nvml_bus_id, render_metrics
+from agent.snapshot import CollectorStatus, Snapshot
+from agent.metrics import FAMILIES, GPU_LABELS, SnapshotCollector, make_registry, nvml_bus_id, render_metrics
 from agent.policy import Profile
 from agent.readiness import verdict
 
-from .test_readiness import AUDIT_DRIFT, PROBE_OK, Pub, h100
+from .fixtures.probes import PEER_GROUP, count_series, probe_result, probe_verdict, probed_pass
+from .test_readiness import AUDIT_DRIFT, Pub, h100
 
 GOLDEN = Path(__file__).parent / "golden"
+# What the default exposition is made of (docs/monitoring.md, "Cardinality"): per GPU with a full
+# probe result, its NUMA node, PCIe generation and width (current and max), accuracy, fingerprint,
+# images/s and busy ratio per regime, probe duration and last success; besides: build info, ready,
+# and the success and duration of each of the 5 stages. Nothing is per CPU or per IRQ.
+SERIES_PER_GPU = 1 + 2 + 2 + 1 + 1 + 2 + 2 + 1 + 1
+SERIES_FIXED = 2 + 2 * 5
 T0 = 1735689600.0  # 2025-01-01T00:00:00Z
 
 TOPOLOGY = {
@@ -33,21 +40,23 @@ TOPOLOGY = {
 }
 
 
-def snapshot(*, lost: bool = False) -> Snapshot:
+def snapshot(*, lost: bool = False, metrics_targets: bool = False, audit: dict | None = None) -> Snapshot:
     # GPU 1 is busy: its link below the top generation is a fault, not idle power saving
     gpus = [h100(0), h100(1, error="Unknown Error", error_kind="lost") if lost else h100(1, utilization_percent=85.0)]
-    probes = PROBE_OK + [{"gpu": "1", "status": "failed", "passed": False, "reasons": ["accuracy 0.41 < 0.90"],
-                          "finished_at": "2025-01-01T00:00:00Z", "duration_seconds": 9.0,
-                          "result": {"accuracy": 0.41, "train_images_per_second": 39000.5}}]
+    # GPU 0: a result of the current probe; GPU 1: one saved by an older probe (no regimes, no fingerprint)
+    probes = [probe_verdict("0", probe_result()),
+              probe_verdict("1", {"accuracy": 0.41, "train_images_per_second": 39000.5}, passed=False, duration=9.0)]
     prof = Profile(name="training")
-    v = verdict(profile=prof, audit=AUDIT_DRIFT, gpus=gpus, topology=TOPOLOGY, probes=probes, publish=Pub(True))
+    audit = AUDIT_DRIFT if audit is None else audit
+    v = verdict(profile=prof, audit=audit, gpus=gpus, topology=TOPOLOGY, probes=probes, publish=Pub(True))
     collectors = [CollectorStatus("discover", True, 0.012), CollectorStatus("gpus", not lost, 0.003,
                                                                             "" if not lost else "lost"),
                   CollectorStatus("audit", True, 0.25), CollectorStatus("probe", True, 21.5),
                   CollectorStatus("publish", True, 0.04)]
     return Snapshot.build(node="gpu-node-1", profile="training", verdict=v, since=T0, created=T0 + 60,
-                          audit=AUDIT_DRIFT, topology=TOPOLOGY, gpus=[g.as_dict() for g in gpus],
-                          probes=probes, probe_last_success={"0": T0 - 3600}, collectors=collectors)
+                          audit=audit, topology=TOPOLOGY, gpus=[g.as_dict() for g in gpus],
+                          probes=probes, probe_last_success={"0": T0 - 3600}, collectors=collectors,
+                          metrics_targets=metrics_targets)
 
 
 def golden(name: str, text: str) -> None:
@@ -87,12 +96,14 @@ def samples(body: bytes) -> dict[tuple[str, tuple], float]:
 def test_contract_names_and_dcgm_labels():
     body = snapshot().metrics_body
     names = {k[0] for k in samples(body)}
-    for required in ("gpu_tune_ready", "gpu_tune_check_ok", "gpu_tune_setting_compliant",
-                     "gpu_tune_probe_accuracy", "gpu_tune_probe_train_images_per_second",
+    for required in ("gpu_tune_ready", "gpu_tune_check_ok", "gpu_tune_setting_compliant", "gpu_tune_setting_targets",
+                     "gpu_tune_probe_accuracy", "gpu_tune_probe_fingerprint_info",
+                     "gpu_tune_probe_train_images_per_second", "gpu_tune_probe_gpu_busy_ratio",
                      "gpu_tune_probe_duration_seconds", "gpu_tune_probe_last_success_timestamp_seconds",
                      "gpu_tune_gpu_numa_node", "gpu_tune_gpu_pcie_link_generation", "gpu_tune_gpu_pcie_link_width",
                      "gpu_tune_build_info", "gpu_tune_collector_success", "gpu_tune_collector_duration_seconds"):
         assert required in names, required
+    assert "gpu_tune_setting_target_compliant" not in names  # per-target series are opt-in
     s = samples(body)
     gen1 = {k: v for k, v in s.items() if k[0] == "gpu_tune_gpu_pcie_link_generation" and ("gpu", "1") in k[1]}
     labels = dict(next(iter(gen1))[1])
@@ -100,8 +111,104 @@ def test_contract_names_and_dcgm_labels():
     assert labels["pci_bus_id"] == "00000000:19:00.0" and labels["Hostname"] == "gpu-node-1"
     assert sorted(gen1.values()) == [4.0, 5.0]
     assert s[("gpu_tune_ready", ())] == 0.0
-    assert s[("gpu_tune_setting_compliant", (("id", "sysctl.vm.swappiness"), ("target", "host")))] == 0.0
+    assert s[("gpu_tune_setting_compliant", (("id", "sysctl.vm.swappiness"),))] == 0.0
+    assert s[("gpu_tune_setting_targets", (("id", "sysctl.vm.swappiness"), ("status", "drift")))] == 1.0
     assert s[("gpu_tune_check_ok", (("check", "gpu.1.healthy"),))] == 0.0  # link trained down
+
+
+def gpu_series(body: bytes, name: str, gpu: str) -> dict[tuple, float]:
+    """{extra labels (beyond the GPU labels): value} of one family for one GPU."""
+    out = {}
+    for (n, labels), v in samples(body).items():
+        d = dict(labels)
+        if n == name and d.get("gpu") == gpu:
+            assert {k: d[k] for k in ("UUID", "Hostname")} == {"UUID": f"GPU-{int(gpu):08d}", "Hostname": "gpu-node-1"}
+            out[tuple(sorted((k, d[k]) for k in set(d) - set(GPU_LABELS)))] = v
+    return out
+
+
+def test_probe_families_from_the_result_shape():
+    body = snapshot().metrics_body
+    assert gpu_series(body, "gpu_tune_probe_accuracy", "0") == {(): 0.9812}
+    assert gpu_series(body, "gpu_tune_probe_fingerprint_info", "0") == {
+        (("fingerprint", "3f2a9c1d"), ("peer_group", PEER_GROUP)): 1.0}
+    assert gpu_series(body, "gpu_tune_probe_train_images_per_second", "0") == {
+        (("regime", "launch_bound"),): 41234.5, (("regime", "device_bound"),): 98765.0}
+    assert gpu_series(body, "gpu_tune_probe_gpu_busy_ratio", "0") == {
+        (("regime", "launch_bound"),): 0.31, (("regime", "device_bound"),): 0.97}
+    assert gpu_series(body, "gpu_tune_probe_duration_seconds", "0") == {(): 12.5}
+    assert gpu_series(body, "gpu_tune_probe_last_success_timestamp_seconds", "0") == {(): T0 - 3600}
+    # an old saved result: its throughput is the launch-bound regime; no fingerprint, no busy ratio
+    assert gpu_series(body, "gpu_tune_probe_train_images_per_second", "1") == {(("regime", "launch_bound"),): 39000.5}
+    assert gpu_series(body, "gpu_tune_probe_fingerprint_info", "1") == {}
+    assert gpu_series(body, "gpu_tune_probe_gpu_busy_ratio", "1") == {}
+    assert gpu_series(body, "gpu_tune_probe_accuracy", "1") == {(): 0.41}
+
+
+@pytest.mark.parametrize("result, want_ips, want_busy, want_fp", [
+    # no fingerprint, an empty one, or not a string: no info series
+    (probe_result(fingerprint=None), 2, 2, False),
+    (probe_result(fingerprint=""), 2, 2, False),
+    ({**probe_result(), "fingerprint": 1234}, 2, 2, False),
+    # busy fraction missing (a CPU run), out of 0..1, or not a number: no busy series for that regime
+    (probe_result(busy_launch=None, busy_device=None), 2, 0, True),
+    (probe_result(busy_launch=1.7, busy_device=float("nan")), 2, 0, True),
+    (probe_result(busy_launch="0.3"), 2, 1, True),
+    # one regime missing; no regime in it (a failed run): the old field, as the probe's judge reads it
+    ({**probe_result(), "regimes": {"device_bound": {"images_per_second": 5.0}}}, 1, 0, True),
+    ({**probe_result(), "regimes": {}, "train_images_per_second": 7.0}, 1, 0, True),
+    ({**probe_result(), "regimes": {}, "train_images_per_second": None}, 0, 0, True),
+    # the whole result missing or not a mapping (a crashed probe)
+    (None, 0, 0, False),
+    ("garbage", 0, 0, False),
+])
+def test_probe_families_tolerate_partial_results(result, want_ips, want_busy, want_fp):
+    snap = Snapshot.build(node="gpu-node-1", profile="training", verdict=verdict(profile=Profile(name="training"),
+                          audit=None, gpus=[h100(0)], probes=[]), since=T0, created=T0,
+                          gpus=[h100(0).as_dict()], topology=TOPOLOGY, probes=[probe_verdict("0", result)])
+    body = snap.metrics_body
+    assert len(gpu_series(body, "gpu_tune_probe_train_images_per_second", "0")) == want_ips
+    assert len(gpu_series(body, "gpu_tune_probe_gpu_busy_ratio", "0")) == want_busy
+    assert bool(gpu_series(body, "gpu_tune_probe_fingerprint_info", "0")) == want_fp
+    assert gpu_series(body, "gpu_tune_probe_duration_seconds", "0") == {(): 12.5}
+
+
+def many_targets_audit() -> dict:
+    rows = [{"id": "sysctl.vm.swappiness", "target": "host", "current": "0", "desired": "0", "status": "ok",
+             "detail": ""}]
+    rows += [{"id": "cpu.governor", "target": f"cpu{i}", "current": "performance", "desired": "performance",
+              "status": "ok" if i < 200 else "drift", "detail": ""} for i in range(224)]
+    rows += [{"id": "irq.affinity", "target": str(100 + i), "current": "0-55", "desired": "0-55",
+              "status": ["ok", "unsupported", "conflict", "error"][i % 4], "detail": ""} for i in range(980)]
+    rows += [{"id": "gpu.persistence_mode", "target": str(i), "current": "1", "desired": "1",
+              "status": "ok" if i else "unsupported", "detail": ""} for i in range(8)]
+    return {"profile": "training", "compliant": False, "settings": rows}
+
+
+def test_settings_exported_per_setting_with_status_counts():
+    s = samples(snapshot(audit=many_targets_audit()).metrics_body)
+    compliant = {dict(k)["id"]: v for (n, k), v in s.items() if n == "gpu_tune_setting_compliant"}
+    assert compliant == {"sysctl.vm.swappiness": 1.0, "cpu.governor": 0.0, "irq.affinity": 0.0,
+                         "gpu.persistence_mode": 1.0}  # unsupported targets count as compliant
+    targets = {(dict(k)["id"], dict(k)["status"]): v for (n, k), v in s.items() if n == "gpu_tune_setting_targets"}
+    assert targets == {("sysctl.vm.swappiness", "ok"): 1, ("cpu.governor", "ok"): 200, ("cpu.governor", "drift"): 24,
+                       ("irq.affinity", "ok"): 245, ("irq.affinity", "unsupported"): 245,
+                       ("irq.affinity", "conflict"): 245, ("irq.affinity", "error"): 245,
+                       ("gpu.persistence_mode", "ok"): 7, ("gpu.persistence_mode", "unsupported"): 1}
+    assert not any(n == "gpu_tune_setting_target_compliant" for n, _ in s)
+    # 1,213 targets, 13 series
+    assert sum(1 for n, _ in s if n.startswith("gpu_tune_setting_")) == 13
+
+
+def test_per_target_series_only_with_metrics_targets():
+    audit = many_targets_audit()
+    s = samples(snapshot(audit=audit, metrics_targets=True).metrics_body)
+    per = {(dict(k)["id"], dict(k)["target"]): v for (n, k), v in s.items() if n == "gpu_tune_setting_target_compliant"}
+    assert len(per) == len(audit["settings"]) == 1213
+    assert per[("cpu.governor", "cpu3")] == 1.0 and per[("cpu.governor", "cpu223")] == 0.0
+    assert per[("irq.affinity", "101")] == 1.0 and per[("irq.affinity", "102")] == 0.0  # unsupported, conflict
+    # the per-setting families are there too
+    assert s[("gpu_tune_setting_compliant", (("id", "cpu.governor"),))] == 0.0
 
 
 def test_collector_describes_without_collecting():
@@ -118,7 +225,48 @@ def test_collector_describes_without_collecting():
     assert calls == [1]
 
 
+def test_series_budget_on_the_8_gpu_224_cpu_fixture(tmp_path):
+    """The real agent pass over the DGX-like fixture (224 CPUs, 8 GPUs, 8 NICs, 984 IRQs: 1,225 audit
+    rows), every GPU probed with a full result: the default exposition stays under the budget and
+    does not grow with CPUs or IRQs; --metrics-targets adds one series per target."""
+    snap = probed_pass(tmp_path / "default")
+    rows = len(snap.audit["settings"])
+    ids = len({s["id"] for s in snap.audit["settings"]})
+    assert rows > 1200 and ids >= 10
+    per_family = count_series(snap.metrics_body)
+    total = sum(per_family.values())
+    pairs = len({(s["id"], s["status"]) for s in snap.audit["settings"]})
+    checks = len(snap.verdict.checks)
+    assert total == SERIES_FIXED + checks + ids + pairs + 8 * SERIES_PER_GPU, per_family
+    assert per_family["gpu_tune_setting_compliant"] == ids
+    assert per_family["gpu_tune_setting_targets"] == pairs <= 2 * ids
+    assert total < rows / 8  # ~1,460 audit rows, well under 200 series
+    assert "gpu_tune_setting_target_compliant" not in per_family
+    gpu_families = [n for n in per_family if n.startswith(("gpu_tune_gpu_", "gpu_tune_probe_"))]
+    assert all(per_family[n] <= 2 * 8 for n in gpu_families)  # per GPU (x2: kind or regime)
+
+    full = count_series(probed_pass(tmp_path / "targets", metrics_targets=True).metrics_body)
+    assert full["gpu_tune_setting_target_compliant"] == rows
+    assert sum(full.values()) == total + rows
+
+
 @pytest.mark.parametrize("given,want", [("0000:18:00.0", "00000000:18:00.0"), ("0000:af:00.0", "00000000:AF:00.0"),
                                         ("00000000:3B:00.0", "00000000:3B:00.0"), (None, "")])
 def test_nvml_bus_id(given, want):
     assert nvml_bus_id(given) == want
+
+
+@pytest.mark.parametrize("result", [
+    probe_result(), probe_result(busy_launch=None), {"accuracy": 0.9, "train_images_per_second": 5000.0},
+    {**probe_result(), "regimes": {}, "train_images_per_second": 7.0}, {"regimes": {}}, {},
+    {**probe_result(), "regimes": {"device_bound": {"images_per_second": 5.0}}},
+])
+def test_metrics_read_the_regimes_as_the_probe_judge_does(result):
+    """The exposition and the summary annotation read a result's throughput the way the probe's
+    own judge does (agent/probe/judge.py), old saved results included."""
+    from agent.probe.judge import regime_figures
+    from agent.probe_figures import throughput
+
+    judged = {k: v.get("images_per_second") for k, v in regime_figures(result).items()
+              if v.get("images_per_second") is not None}
+    assert {k: v["images_per_second"] for k, v in throughput(result).items()} == judged

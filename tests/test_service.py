@@ -88,9 +88,10 @@ class World:
             assert self.probe_gate.wait(10)
         return self.probe_out
 
-    def publish(self, verdict, topology, gpus, driver):
+    def publish(self, verdict, topology, gpus, driver, *, audit=None, probes=None):
         self._call("publish")
         self.last_published = verdict
+        self.last_summary_inputs = {"audit": audit, "probes": probes}
         self.published.append(verdict)
         return self.publish_out
 
@@ -545,3 +546,12 @@ def test_saved_verdict_stands_for_a_busy_gpu_across_restarts(tmp_path):
     st = start()
     v = {x.gpu: x for x in st.probe(st.discover(), None)}
     assert not v["0"].passed and "no previous verdict" in v["0"].reasons[0]
+
+
+def test_publish_stage_gets_the_summary_facts():
+    """The node summary annotation is made from the pass's audit and probe documents."""
+    world = World()
+    agent, _ = ready_agent(world)
+    assert world.last_summary_inputs["audit"] == AUDIT_OK
+    assert [p["gpu"] for p in world.last_summary_inputs["probes"]] == ["0", "1"]
+    assert world.last_summary_inputs["probes"][0]["result"]["accuracy"] == 0.98

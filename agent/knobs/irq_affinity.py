@@ -7,6 +7,10 @@ from ``smp_affinity_list`` or, where absent, the ``smp_affinity`` mask; both com
 show as CPU lists. ``effective_affinity_list`` (where the IRQ really lands) is shown in the detail
 when it differs.
 
+Each IRQ's files are read once per run: one sweep over every IRQ of the devices
+(:func:`read_irq_files`, kept on the context), which the audit rows and the journal's record of
+the original both use; only the verify step after writes reads them again (a new context).
+
 - device NUMA node unknown -> ``unsupported`` rows (nothing to aim at);
 - ``irqbalance`` running (``/proc/[pid]/comm``) -> ``conflict`` rows: it rewrites affinities every
   10 s, unless ``irq.irqbalance: ignore``;
@@ -17,13 +21,13 @@ when it differs.
 from __future__ import annotations
 
 import errno
-
-from typing import Any
+from dataclasses import dataclass
+from typing import Any, Iterable
 
 from ..errors import HostError, UnsupportedWrite
 from ..model import Setting
 from ..parse import ParseError, format_cpulist, format_cpumask, parse_cpulist, parse_cpumask
-from .base import Context, Knob, process_table
+from .base import Context, Knob, encode_raw, process_table
 
 IRQ_DIR = "/proc/irq"
 IRQBALANCE_HINT = ("irqbalance is running and will move these IRQs back: stop it "
@@ -36,24 +40,67 @@ def running_comms(ctx: Context) -> frozenset[str]:
     return frozenset(process_table(ctx))
 
 
-def _read_affinity(ctx: Context, irq: int) -> tuple[str | None, frozenset[int] | None, str]:
-    """(path written, current CPUs or None, error text) for one IRQ."""
+@dataclass(frozen=True)
+class IrqFiles:
+    """What one sweep read of an IRQ: the affinity file (``path``, its bytes ``raw``, the CPUs in
+    it, or an error text) and ``effective_affinity_list`` (None when absent or unreadable)."""
+
+    path: str | None
+    raw: bytes | None
+    current: frozenset[int] | None
+    error: str
+    effective: frozenset[int] | None
+
+
+def _read_one(ctx: Context, irq: int, parse_list, parse_mask) -> IrqFiles:
     base = f"{IRQ_DIR}/{irq}"
-    lst = ctx.fs.read_optional(f"{base}/smp_affinity_list")
-    if lst is not None:
+    for name, parse in (("smp_affinity_list", parse_list), ("smp_affinity", parse_mask)):
+        path = f"{base}/{name}"
         try:
-            return f"{base}/smp_affinity_list", parse_cpulist(lst), ""
+            raw = ctx.fs.read_bytes(path)
+        except HostError:
+            continue
+        text = raw.decode("utf-8", "replace").strip()
+        try:
+            current, err = parse(text), ""
         except (ParseError, ValueError):
-            return f"{base}/smp_affinity_list", None, f"{base}/smp_affinity_list: unparsable {lst!r}"
-    mask = ctx.fs.read_optional(f"{base}/smp_affinity")
-    if mask is not None:
+            current, err = None, f"{path}: unparsable {text!r}"
+        break
+    else:
+        path = raw = current = None
+        err = (f"{base}: neither smp_affinity_list nor smp_affinity is readable" if ctx.fs.is_dir(base) else
+               f"{base}: no such IRQ (listed in the device's msi_irqs but not in /proc/irq)")
+    effective = None
+    eff = ctx.fs.read_optional(f"{base}/effective_affinity_list")
+    if eff:
         try:
-            return f"{base}/smp_affinity", parse_cpumask(mask), ""
-        except ParseError:
-            return f"{base}/smp_affinity", None, f"{base}/smp_affinity: unparsable {mask!r}"
-    if not ctx.fs.is_dir(base):
-        return None, None, f"{base}: no such IRQ (listed in the device's msi_irqs but not in /proc/irq)"
-    return None, None, f"{base}: neither smp_affinity_list nor smp_affinity is readable"
+            effective = parse_list(eff)
+        except (ParseError, ValueError):
+            effective = None
+    return IrqFiles(path, raw, current, err, effective)
+
+
+def read_irq_files(ctx: Context, irqs: Iterable[int]) -> dict[int, IrqFiles]:
+    """Every IRQ's files, each read once per context (later calls reuse the sweep). The same
+    affinity text is parsed once (most IRQs of a node share a handful of CPU lists)."""
+    swept: dict[int, IrqFiles] = ctx.cached("irq.files", dict)
+    lists: dict[str, frozenset[int]] = {}
+    masks: dict[str, frozenset[int]] = {}
+
+    def parse_list(text: str) -> frozenset[int]:
+        if text not in lists:
+            lists[text] = parse_cpulist(text)
+        return lists[text]
+
+    def parse_mask(text: str) -> frozenset[int]:
+        if text not in masks:
+            masks[text] = parse_cpumask(text)
+        return masks[text]
+
+    for irq in irqs:
+        if irq not in swept:
+            swept[irq] = _read_one(ctx, irq, parse_list, parse_mask)
+    return swept
 
 
 class IrqAffinityKnob(Knob):
@@ -80,18 +127,23 @@ class IrqAffinityKnob(Knob):
             exclude = frozenset()
         balancing = pol.irqbalance != "ignore" and "irqbalance" in running_comms(ctx)
         ncpus = max(topo.cpus_online, default=0) + 1
-        rows: list[Setting] = []
-        seen: set[int] = set()
+        wanted: dict[int, Any] = {}
         for dev in devices:
             for irq in dev.irqs:
-                if irq in seen:
-                    continue
-                seen.add(irq)
-                rows.append(self._row(ctx, dev, irq, topo, exclude, balancing, ncpus))
-        return rows
+                wanted.setdefault(irq, dev)
+        files = read_irq_files(ctx, wanted)
+        texts: dict[frozenset[int], str] = {}
 
-    def _row(self, ctx: Context, dev, irq: int, topo, exclude: frozenset[int], balancing: bool,
-             ncpus: int) -> Setting:
+        def fmt(cpus: frozenset[int]) -> str:
+            if cpus not in texts:
+                texts[cpus] = format_cpulist(cpus)
+            return texts[cpus]
+
+        return [self._row(dev, irq, files[irq], topo, exclude, balancing, ncpus, fmt)
+                for irq, dev in wanted.items()]
+
+    def _row(self, dev, irq: int, got: IrqFiles, topo, exclude: frozenset[int], balancing: bool,
+             ncpus: int, fmt) -> Setting:
         target = str(irq)
         who = dev.label
         if dev.numa_node is None:
@@ -103,23 +155,17 @@ class IrqAffinityKnob(Knob):
                            f"{who}: the CPUs of NUMA node {dev.numa_node} are unknown (unreadable "
                            f"/sys/devices/system/node/node{dev.numa_node}/cpulist)")
         want = node_cpus - exclude
-        desired = format_cpulist(want)
+        desired = fmt(want)
         if not want:
             return Setting("irq.affinity", target, None, "-", "unsupported",
                            f"{who}: irq.exclude_cpus removes every CPU of node {dev.numa_node}")
-        path, current, err = _read_affinity(ctx, irq)
-        if current is None:
-            return Setting("irq.affinity", target, None, desired, "error", err, path)
-        cur_text = format_cpulist(current)
+        path, current = got.path, got.current
+        if current is None or path is None:
+            return Setting("irq.affinity", target, None, desired, "error", got.error, path)
+        cur_text = fmt(current)
         notes = [f"{who} node {dev.numa_node}"]
-        eff = ctx.fs.read_optional(f"{IRQ_DIR}/{irq}/effective_affinity_list")
-        if eff:
-            try:
-                eff_set = parse_cpulist(eff)
-            except (ParseError, ValueError):
-                eff_set = None
-            if eff_set is not None and eff_set != current:
-                notes.append(f"effective {format_cpulist(eff_set)}")
+        if got.effective is not None and got.effective != current:
+            notes.append(f"effective {fmt(got.effective)}")
         handle = {"form": "list" if path.endswith("_list") else "mask", "ncpus": ncpus}
         if current == want:
             status = "ok"
@@ -138,7 +184,13 @@ class IrqAffinityKnob(Knob):
         return row.desired
 
     def snapshot(self, ctx: Context, row: Setting) -> dict[str, Any]:
-        entry = super().snapshot(ctx, row)
+        """The original as the sweep read it (the row's own reading); read again only when this
+        context has no sweep of the IRQ."""
+        got = ctx.cached("irq.files", dict).get(int(row.target)) if row.target.isdigit() else None
+        if got is not None and got.path == row.path and got.raw is not None:
+            entry = {"path": row.path, "value": row.current, "raw": encode_raw(got.raw)}
+        else:
+            entry = super().snapshot(ctx, row)
         entry["ncpus"] = (row.handle or {}).get("ncpus")
         return entry
 

@@ -1,0 +1,310 @@
+"""``gpu-tune fleet``: every GPU node's readiness as the agents published it. Pure: it judges and
+renders Node objects as the API server returns them (``agent/kube.py`` lists them).
+
+What a node shows, and where it comes from (all written by the agent, CONTRACT §6):
+
+==============  ===================================================================================
+status          ``Ready`` / ``NotReady`` from the ``GPUHostReady`` condition; ``NotReporting`` (below)
+since           the condition's ``lastTransitionTime`` (when readiness last changed)
+profile         label ``gpu-tune.io/profile``
+GPUs            labels ``gpu-tune.io/gpu-count`` and ``gpu-tune.io/gpu-product`` (else the GPU
+                Operator's ``nvidia.com/gpu.count`` / ``nvidia.com/gpu.product``, else the Node's
+                ``nvidia.com/gpu`` capacity)
+drift           ``drift`` of the annotation ``gpu-tune.io/summary``: audit rows in drift, conflict
+                or error
+probe           ``probe`` of the summary: how many targets passed, and the lowest device-bound
+                images/s among them (launch-bound where a result has no device-bound figure)
+reasons         ``failing`` of the summary: each failing check and its detail (an agent without the
+                summary annotation: the check names of the condition's message)
+==============  ===================================================================================
+
+A node is listed when it runs the agent (a ``GPUHostReady`` condition, or ``gpu-tune.io/`` labels)
+or is a GPU node (``nvidia.com/gpu.present=true`` from the GPU Operator, or Node Feature
+Discovery's ``feature.node.kubernetes.io/pci-10de.present=true``). ``NotReporting`` is a GPU node
+with no ``GPUHostReady`` condition, a condition whose ``lastHeartbeatTime`` is older than
+``stale_after_s`` (the agent re-writes it at least every 10 minutes, so 30 minutes by default
+means three missed heartbeats: the agent is not running there), or a node whose kubelet stopped
+reporting (its ``Ready`` condition ``Unknown``). A kubelet that reports ``Ready=False`` makes the
+node ``NotReady`` with the reason ``node.Ready``.
+
+The exit status: 0 when every listed node is ready (none listed included), 1 otherwise.
+"""
+
+from __future__ import annotations
+
+import json
+import time
+from dataclasses import dataclass, field
+from typing import Any, Iterable, Mapping
+
+from .labels import (
+    ANNOTATION_SUMMARY,
+    CONDITION_TYPE,
+    LABEL_GPU_COUNT,
+    LABEL_GPU_PRODUCT,
+    LABEL_PROFILE,
+    PREFIX,
+)
+from .timestamps import format_rfc3339 as _rfc3339
+from .timestamps import parse_rfc3339 as _epoch
+
+GPU_NODE_LABELS = ("nvidia.com/gpu.present", "feature.node.kubernetes.io/pci-10de.present")
+STALE_AFTER_S = 30 * 60.0
+READY, NOT_READY, NOT_REPORTING = "Ready", "NotReady", "NotReporting"
+STATUS_ORDER = (READY, NOT_REPORTING, NOT_READY)  # table order: problems last, next to the summary
+MAX_TABLE_DETAIL = 70  # characters of a failing check's detail in the table (-o json has it whole)
+
+
+@dataclass(frozen=True)
+class FleetNode:
+    name: str
+    status: str
+    since: str | None = None
+    heartbeat: str | None = None
+    profile: str | None = None
+    gpu_model: str = "unknown"
+    gpu_count: int | None = None
+    drift: int | None = None
+    probe: Mapping[str, Any] = field(default_factory=dict)
+    failing: tuple[Mapping[str, str], ...] = ()
+    reason: str = ""  # why NotReporting
+
+    @property
+    def ready(self) -> bool:
+        return self.status == READY
+
+    def probe_counts(self) -> tuple[int, int]:
+        """(passed, targets)."""
+        entries = [e for e in self.probe.values() if isinstance(e, Mapping)]
+        return sum(1 for e in entries if e.get("status") == "passed"), len(entries)
+
+    def probe_images_per_second(self) -> float | None:
+        """The weakest target's device-bound images/s (launch-bound where it has no device-bound)."""
+        vals = []
+        for e in self.probe.values():
+            if not isinstance(e, Mapping):
+                continue
+            v = e.get("device_bound", e.get("launch_bound"))
+            if isinstance(v, (int, float)) and not isinstance(v, bool):
+                vals.append(float(v))
+        return min(vals) if vals else None
+
+    def as_dict(self) -> dict[str, Any]:
+        passed, total = self.probe_counts()
+        return {"node": self.name, "status": self.status, "ready": self.ready, "since": self.since,
+                "heartbeat": self.heartbeat, "profile": self.profile, "gpu_model": self.gpu_model,
+                "gpu_count": self.gpu_count, "drift": self.drift,
+                "probe": {"passed": passed, "targets": total, "images_per_second_min": self.probe_images_per_second(),
+                          "by_target": dict(self.probe)},
+                "failing": [dict(f) for f in self.failing], "reason": self.reason}
+
+
+@dataclass(frozen=True)
+class ModelSummary:
+    gpu_model: str
+    nodes: int
+    ready: int
+    not_ready: int
+    not_reporting: int
+
+    def as_dict(self) -> dict[str, Any]:
+        return {"gpu_model": self.gpu_model, "nodes": self.nodes, "ready": self.ready,
+                "not_ready": self.not_ready, "not_reporting": self.not_reporting}
+
+
+@dataclass(frozen=True)
+class FleetReport:
+    nodes: tuple[FleetNode, ...]
+    models: tuple[ModelSummary, ...]
+    listed: int  # Nodes the API server returned (GPU or not)
+    stale_after_s: float
+    generated_at: float
+
+    @property
+    def all_ready(self) -> bool:
+        return all(n.ready for n in self.nodes)
+
+    @property
+    def exit_code(self) -> int:
+        return 0 if self.all_ready else 1
+
+    def as_dict(self) -> dict[str, Any]:
+        return {"ready": self.all_ready, "generated_at": _rfc3339(self.generated_at),
+                "stale_after_seconds": self.stale_after_s, "nodes_listed": self.listed,
+                "summary": [m.as_dict() for m in self.models], "nodes": [n.as_dict() for n in self.nodes]}
+
+
+# -- judging ----------------------------------------------------------------------------------
+def _condition(node: Mapping[str, Any], ctype: str) -> Mapping[str, Any] | None:
+    for c in ((node.get("status") or {}).get("conditions") or []):
+        if isinstance(c, Mapping) and c.get("type") == ctype:
+            return c
+    return None
+
+
+def _int(v: Any) -> int | None:
+    try:
+        return int(str(v).strip())
+    except (TypeError, ValueError):
+        return None
+
+
+def _summary(annotations: Mapping[str, Any]) -> Mapping[str, Any]:
+    try:
+        doc = json.loads(annotations.get(ANNOTATION_SUMMARY) or "{}")
+    except (TypeError, ValueError):
+        return {}
+    return doc if isinstance(doc, Mapping) else {}
+
+
+def is_gpu_node(labels: Mapping[str, str]) -> bool:
+    return any(str(labels.get(k, "")).lower() == "true" for k in GPU_NODE_LABELS)
+
+
+def age(seconds: float | None) -> str:
+    """kubectl's short age: 45s, 12m, 5h3m, 3d4h."""
+    if seconds is None:
+        return "-"
+    s = max(0, int(seconds))
+    if s < 120:
+        return f"{s}s"
+    m = s // 60
+    if m < 60:
+        return f"{m}m"
+    h, m = divmod(m, 60)
+    if h < 24:
+        return f"{h}h{m}m" if m and h < 10 else f"{h}h"
+    d, h = divmod(h, 24)
+    return f"{d}d{h}h" if h and d < 10 else f"{d}d"
+
+
+def judge_node(node: Mapping[str, Any], *, now: float, stale_after_s: float = STALE_AFTER_S) -> FleetNode | None:
+    """The fleet row of one Node object, or None when it neither runs the agent nor is a GPU node."""
+    meta = node.get("metadata") or {}
+    name = str(meta.get("name") or "?")
+    labels = meta.get("labels") or {}
+    annotations = meta.get("annotations") or {}
+    cond = _condition(node, CONDITION_TYPE)
+    runs_agent = cond is not None or any(str(k).startswith(PREFIX) for k in labels)
+    if not runs_agent and not is_gpu_node(labels):
+        return None
+    summary = _summary(annotations)
+    capacity = (node.get("status") or {}).get("capacity") or {}
+    count = _int(labels.get(LABEL_GPU_COUNT))
+    if count is None:
+        count = _int(labels.get("nvidia.com/gpu.count"))
+    if count is None:
+        count = _int(capacity.get("nvidia.com/gpu"))
+    model = labels.get(LABEL_GPU_PRODUCT) or labels.get("nvidia.com/gpu.product") or "unknown"
+    drift = summary.get("drift")
+    probe = summary.get("probe")
+    base = dict(name=name, profile=labels.get(LABEL_PROFILE), gpu_model=str(model), gpu_count=count,
+                drift=drift if isinstance(drift, int) and not isinstance(drift, bool) else None,
+                probe=probe if isinstance(probe, Mapping) else {},
+                since=(cond or {}).get("lastTransitionTime"), heartbeat=(cond or {}).get("lastHeartbeatTime"))
+
+    kubelet = _condition(node, "Ready")
+    if cond is None:
+        return FleetNode(status=NOT_REPORTING, reason="no GPUHostReady condition: the agent has not "
+                         "published from this node (is its DaemonSet pod running there?)", **base)
+    if kubelet is not None and kubelet.get("status") == "Unknown":
+        return FleetNode(status=NOT_REPORTING, reason=f"the node itself is not reporting (kubelet Ready "
+                         f"Unknown: {kubelet.get('reason') or 'no reason'})", **base)
+    beat = _epoch(cond.get("lastHeartbeatTime"))
+    if beat is None or now - beat > stale_after_s:
+        last = "never" if beat is None else f"{age(now - beat)} ago"
+        return FleetNode(status=NOT_REPORTING, reason=f"stale: GPUHostReady last written {last} (older than "
+                         f"{age(stale_after_s)}): the agent is not running there", **base)
+
+    failing: list[Mapping[str, str]] = []
+    if cond.get("status") != "True":
+        raw = summary.get("failing")
+        if isinstance(raw, list) and raw:
+            failing = [{"check": str(f.get("check", "?")), "detail": str(f.get("detail", ""))}
+                       for f in raw if isinstance(f, Mapping)]
+            if isinstance(summary.get("failing_more"), int):
+                failing.append({"check": "…", "detail": f"and {summary['failing_more']} more failing checks"})
+        else:  # an agent without the summary annotation: the check names of the message
+            msg = str(cond.get("message") or "")
+            names = msg.split(":", 1)[1] if msg.startswith("failed:") else ""
+            failing = [{"check": n.strip(), "detail": ""} for n in names.split(",") if n.strip()] or \
+                [{"check": str(cond.get("reason") or "GPUHostReady"), "detail": msg}]
+    if kubelet is not None and kubelet.get("status") == "False":
+        failing.append({"check": "node.Ready", "detail": f"kubelet: {kubelet.get('reason') or ''} "
+                                                          f"{kubelet.get('message') or ''}".strip()})
+    status = READY if cond.get("status") == "True" and not failing else NOT_READY
+    return FleetNode(status=status, failing=tuple(failing), **base)
+
+
+def fleet_report(nodes: Iterable[Mapping[str, Any]], *, now: float | None = None,
+                 stale_after_s: float = STALE_AFTER_S) -> FleetReport:
+    now = time.time() if now is None else now
+    listed = 0
+    rows: list[FleetNode] = []
+    for n in nodes:
+        listed += 1
+        row = judge_node(n, now=now, stale_after_s=stale_after_s)
+        if row is not None:
+            rows.append(row)
+    rows.sort(key=lambda r: (STATUS_ORDER.index(r.status), r.name))
+    by_model: dict[str, list[FleetNode]] = {}
+    for r in rows:
+        by_model.setdefault(r.gpu_model, []).append(r)
+    models = tuple(ModelSummary(m, len(rs), sum(r.status == READY for r in rs),
+                                sum(r.status == NOT_READY for r in rs), sum(r.status == NOT_REPORTING for r in rs))
+                   for m, rs in sorted(by_model.items()))
+    return FleetReport(tuple(rows), models, listed, stale_after_s, now)
+
+
+# -- rendering --------------------------------------------------------------------------------
+def _short_rate(x: float | None) -> str:
+    if x is None:
+        return "-"
+    if x >= 1e6:
+        return f"{x / 1e6:.2g}M"
+    if x >= 1e3:
+        return f"{x / 1e3:.3g}k"
+    return f"{x:.3g}"
+
+
+def _reasons(row: FleetNode) -> str:
+    if row.status == NOT_REPORTING:
+        return row.reason
+    parts = []
+    for f in row.failing:
+        d = " ".join(str(f.get("detail", "")).split())
+        d = d if len(d) <= MAX_TABLE_DETAIL else d[:MAX_TABLE_DETAIL - 1] + "…"
+        parts.append(f"{f.get('check')}: {d}" if d else str(f.get("check")))
+    return "; ".join(parts)
+
+
+def render_table(report: FleetReport) -> str:
+    """kubectl-style columns, one node per line (ready ones first, problems last), then one
+    summary line per GPU model and a total."""
+    head = ("NODE", "STATUS", "SINCE", "PROFILE", "GPUS", "DRIFT", "PROBE", "IMG/S", "REASONS")
+    lines = [head]
+    for r in report.nodes:
+        since = _epoch(r.since)
+        passed, total = r.probe_counts()
+        gpus = f"{r.gpu_count if r.gpu_count is not None else '?'}x {r.gpu_model}"
+        lines.append((r.name, r.status, age(report.generated_at - since) if since else "-", r.profile or "-", gpus,
+                      "-" if r.drift is None else str(r.drift), f"{passed}/{total}" if total else "-",
+                      _short_rate(r.probe_images_per_second()), _reasons(r)))
+    widths = [max(len(row[i]) for row in lines) for i in range(len(head) - 1)]
+    out = ["  ".join(c.ljust(w) for c, w in zip(row[:-1], widths)) + "  " + row[-1] for row in lines]
+    out = [line.rstrip() for line in out] if report.nodes else []
+    out.append("")
+    for m in report.models:
+        out.append(f"{m.gpu_model}: {m.nodes} node{'s' if m.nodes != 1 else ''}: {m.ready} ready, "
+                   f"{m.not_ready} not ready, {m.not_reporting} not reporting")
+    total = len(report.nodes)
+    ready = sum(r.ready for r in report.nodes)
+    if total:
+        out.append(f"total: {total} GPU node{'s' if total != 1 else ''}, {ready} ready, "
+                   f"{sum(r.status == NOT_READY for r in report.nodes)} not ready, "
+                   f"{sum(r.status == NOT_REPORTING for r in report.nodes)} not reporting "
+                   f"({report.listed} nodes listed)")
+    else:
+        out.append(f"no GPU nodes: none of the {report.listed} nodes listed runs the agent or carries "
+                   f"{' or '.join(k + '=true' for k in GPU_NODE_LABELS)}")
+    return "\n".join(out).lstrip("\n") + "\n"

@@ -1,0 +1,68 @@
+"""The figures of a probe result that the metrics and the node summary show: pure, no imports
+beyond the standard library (``gpu-tune label`` and the agent read them without Prometheus).
+
+A probe verdict's ``result`` is the workload's JSON: ``accuracy``; ``fingerprint`` (a short hex
+string, equal on healthy peers) and ``peer_group`` (GPU model and software versions); per regime
+(``launch_bound``: small batches, the host's share; ``device_bound``: large batches with the data
+on the GPU) ``images_per_second`` and ``gpu_busy_fraction`` (0..1). A result saved by an older probe
+has only ``train_images_per_second``: it stands for the launch-bound regime (read as
+``agent.probe.judge.regime_figures`` reads it, without importing the probe package).
+"""
+
+from __future__ import annotations
+
+import math
+from typing import Any, Mapping
+
+REGIMES = ("launch_bound", "device_bound")
+MAX_PEER_GROUP = 200  # characters kept of the free-text peer group
+
+
+def number(v: Any) -> float | None:
+    """A finite int or float as float; None for anything else (bools, strings, NaN)."""
+    if isinstance(v, bool) or not isinstance(v, (int, float)) or not math.isfinite(v):
+        return None
+    return float(v)
+
+
+def ratio(v: Any) -> float | None:
+    x = number(v)
+    return x if x is not None and 0.0 <= x <= 1.0 else None
+
+
+def result_of(verdict: Mapping[str, Any]) -> Mapping[str, Any]:
+    """The verdict's result, or an empty mapping when it has none (a crashed or skipped probe)."""
+    res = verdict.get("result")
+    return res if isinstance(res, Mapping) else {}
+
+
+def throughput(result: Mapping[str, Any]) -> dict[str, dict[str, float]]:
+    """``{regime: {"images_per_second": x, "gpu_busy_fraction": y}}``, numbers only; without
+    ``regimes`` (or with none in it) the old ``train_images_per_second`` is the launch-bound one."""
+    out: dict[str, dict[str, float]] = {}
+    regimes = result.get("regimes")
+    if isinstance(regimes, Mapping) and regimes:
+        for regime in REGIMES:
+            r = regimes.get(regime)
+            if not isinstance(r, Mapping):
+                continue
+            vals = {}
+            ips, busy = number(r.get("images_per_second")), ratio(r.get("gpu_busy_fraction"))
+            if ips is not None:
+                vals["images_per_second"] = ips
+            if busy is not None:
+                vals["gpu_busy_fraction"] = busy
+            if vals:
+                out[regime] = vals
+    elif number(result.get("train_images_per_second")) is not None:
+        out["launch_bound"] = {"images_per_second": number(result["train_images_per_second"])}
+    return out
+
+
+def identity(result: Mapping[str, Any]) -> tuple[str, str] | None:
+    """(fingerprint, peer_group) when the result has a non-empty fingerprint string."""
+    fp = result.get("fingerprint")
+    if not isinstance(fp, str) or not fp.strip():
+        return None
+    pg = result.get("peer_group")
+    return fp.strip(), (pg.strip()[:MAX_PEER_GROUP] if isinstance(pg, str) else "")
