@@ -404,9 +404,10 @@ def serve_cmd(
     kubeconfig: Annotated[Optional[str], typer.Option("--kubeconfig", envvar="KUBECONFIG", metavar="FILE")] = None,
     node: Annotated[Optional[str], typer.Option("--node", envvar="NODE_NAME", help="Node name [default: env NODE_NAME, else hostname]")] = None,
     revert_on_exit: Annotated[bool, typer.Option("--revert-on-exit", help="Restore originals on SIGTERM")] = False,
-    metrics_targets: Annotated[bool, typer.Option(
-        "--metrics-targets", help="Also export one series per setting target (per CPU, IRQ, GPU): about "
-                                  "1,000 more series on a 224-CPU node; off by default")] = False,
+    metrics_detail: Annotated[bool, typer.Option(
+        "--metrics-detail", help="Also export one series per setting target (per CPU, IRQ, GPU), the loop's "
+                                  "per-stage success and duration, and the launch-bound GPU busy ratio: about "
+                                  "1,500 more series on a 224-CPU, 8-GPU node; off by default")] = False,
     probe_device: Annotated[Device, typer.Option("--probe-device", case_sensitive=False, help="auto, gpu or cpu")] = Device.auto,
     probe_data: Annotated[Optional[str], typer.Option("--probe-data", metavar="PATH", help="MNIST data for the probe")] = None,
 ) -> int:
@@ -417,7 +418,7 @@ def serve_cmd(
         profile=profile, host=host, port=port, mode=mode.value, interval=interval,
         probe_interval=probe_interval, no_kube=no_kube, kubeconfig=kubeconfig, node=node,
         revert_on_exit=revert_on_exit, probe_device=probe_device.value, probe_data=probe_data,
-        verbose=g.verbose, metrics_targets=metrics_targets,
+        verbose=g.verbose, metrics_detail=metrics_detail,
     )
     return serve(opts)
 

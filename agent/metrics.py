@@ -8,9 +8,12 @@ Cardinality. Settings are exported per setting, not per target: ``gpu_tune_setti
 (1 when every target is ok or unsupported) and ``gpu_tune_setting_targets{id,status}`` (how many
 targets are in each status; a status no target is in has no series). A 224-CPU node has about
 1,000 targets (one per CPU for ``cpu.governor``, one per IRQ for ``irq.affinity``); one series
-each would be ~1,250 series per node, ~1.25 M for a 1,000-node fleet. The per-target series
-``gpu_tune_setting_target_compliant{id,target}`` come only with ``gpu-tune serve
---metrics-targets`` (the snapshot's ``metrics_targets``).
+each would be ~1,250 series per node, ~1.25 M for a 1,000-node fleet. ``gpu-tune serve
+--metrics-detail`` (the snapshot's ``metrics_detail``) adds what a node being debugged needs and a
+fleet does not: the per-target series ``gpu_tune_setting_target_compliant{id,target}``, the loop's
+``gpu_tune_collector_success`` / ``gpu_tune_collector_duration_seconds`` per stage (a failing
+stage already fails a readiness check that names it), and the launch-bound GPU busy ratio. The
+default is 150 series on an 8-GPU, 224-CPU node.
 
 Per-GPU series carry dcgm-exporter's label names (``gpu``, ``UUID``, ``pci_bus_id``,
 ``modelName``, ``Hostname``) plus ``numa_node``, with dcgm-exporter's value formats: ``gpu`` is
@@ -19,8 +22,10 @@ and ``Hostname`` is the node name, so ``on(UUID)`` or ``on(gpu, Hostname)`` join
 
 Probe series come from each probe verdict's ``result`` (the workload's JSON): ``accuracy``;
 ``fingerprint`` and ``peer_group`` (an info series, only when the fingerprint is a non-empty
-string); ``regimes.<regime>.images_per_second`` and ``.gpu_busy_fraction`` for the regimes
-``launch_bound`` (small batches: measures the host) and ``device_bound`` (measures the GPU). A
+string); ``regimes.<regime>.images_per_second`` for the regimes ``launch_bound`` (small
+batches: measures the host) and ``device_bound`` (measures the GPU), and ``.gpu_busy_fraction``
+of the device-bound regime (where a healthy GPU is at least 90 % busy; the launch-bound one with
+``--metrics-detail``). A
 result without ``regimes`` (saved by an older probe) gives its ``train_images_per_second`` as
 ``regime="launch_bound"``.
 """
@@ -56,7 +61,7 @@ FAMILIES: dict[str, tuple[str, tuple[str, ...]]] = {
     "gpu_tune_setting_targets": ("Targets of the setting in each audit status (no series for a status without "
                                  "targets)", ("id", "status")),
     "gpu_tune_setting_target_compliant": ("1 when this target of the setting is ok or unsupported, else 0 "
-                                          "(only with serve --metrics-targets)", ("id", "target")),
+                                          "(only with serve --metrics-detail)", ("id", "target")),
     "gpu_tune_probe_accuracy": ("Test accuracy of the latest MNIST probe", GPU_LABELS),
     "gpu_tune_probe_fingerprint_info": ("Fingerprint of the latest deterministic probe run (equal on healthy "
                                         "peers of the same peer_group); always 1",
@@ -71,8 +76,10 @@ FAMILIES: dict[str, tuple[str, tuple[str, ...]]] = {
     "gpu_tune_gpu_numa_node": ("NUMA node the GPU is attached to (-1 when the firmware gives none)", GPU_LABELS),
     "gpu_tune_gpu_pcie_link_generation": ("PCIe link generation of the GPU", GPU_LABELS + ("kind",)),
     "gpu_tune_gpu_pcie_link_width": ("PCIe link width (lanes) of the GPU", GPU_LABELS + ("kind",)),
-    "gpu_tune_collector_success": ("1 when the stage succeeded in its latest run, else 0", ("collector",)),
-    "gpu_tune_collector_duration_seconds": ("Duration of the stage's latest run", ("collector",)),
+    "gpu_tune_collector_success": ("1 when the stage succeeded in its latest run, else 0 "
+                                   "(only with serve --metrics-detail)", ("collector",)),
+    "gpu_tune_collector_duration_seconds": ("Duration of the stage's latest run (only with serve --metrics-detail)",
+                                            ("collector",)),
 }
 
 
@@ -181,7 +188,7 @@ class SnapshotCollector(Collector):
                 targets.add_metric([sid, status], n)
         yield compliant
         yield targets
-        if snap.metrics_targets:
+        if snap.metrics_detail:
             per_target = self._fam("gpu_tune_setting_target_compliant")
             for s in (snap.audit or {}).get("settings", []) or []:
                 ok = s.get("status") not in NONCOMPLIANT
@@ -207,7 +214,7 @@ class SnapshotCollector(Collector):
             for regime, vals in probe_throughput(res).items():
                 if "images_per_second" in vals:
                     ips.add_metric(lv + [regime], vals["images_per_second"])
-                if "gpu_busy_fraction" in vals:
+                if "gpu_busy_fraction" in vals and (regime == "device_bound" or snap.metrics_detail):
                     busy.add_metric(lv + [regime], vals["gpu_busy_fraction"])
             if _num(p.get("duration_seconds")) is not None:
                 dur.add_metric(lv, _num(p["duration_seconds"]))
@@ -230,13 +237,14 @@ class SnapshotCollector(Collector):
         yield gen
         yield width
 
-        ok = self._fam("gpu_tune_collector_success")
-        took = self._fam("gpu_tune_collector_duration_seconds")
-        for c in snap.collectors:
-            ok.add_metric([c.name], 1 if c.success else 0)
-            took.add_metric([c.name], c.duration)
-        yield ok
-        yield took
+        if snap.metrics_detail:
+            ok = self._fam("gpu_tune_collector_success")
+            took = self._fam("gpu_tune_collector_duration_seconds")
+            for c in snap.collectors:
+                ok.add_metric([c.name], 1 if c.success else 0)
+                took.add_metric([c.name], c.duration)
+            yield ok
+            yield took
 
     @staticmethod
     def _probe_labels(snap: "Snapshot", labels_by_gpu: dict[str, dict[str, str]], gpu: str) -> list[str]:

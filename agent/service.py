@@ -55,7 +55,7 @@ class ServeOptions:
     kubeconfig: str | None = None
     node: str | None = None
     revert_on_exit: bool = False
-    metrics_targets: bool = False  # per-target setting series on /metrics (~1,000 more on a 224-CPU node)
+    metrics_detail: bool = False  # per-target, per-stage and launch-bound busy series (~1,500 more on a big node)
     probe_device: str = "auto"
     probe_data: str | None = None
     verbose: bool = False
@@ -233,9 +233,9 @@ class Agent:
                  enforce_min_interval: float = 300.0, jitter: float = 0.1, rng: random.Random | None = None,
                  clock: Callable[[], float] = time.time, monotonic: Callable[[], float] = time.monotonic,
                  probe_enabled: bool = True, first_publish_max_wait: float = 900.0,
-                 metrics_targets: bool = False) -> None:
+                 metrics_detail: bool = False) -> None:
         self.stages = stages
-        self.metrics_targets = metrics_targets
+        self.metrics_detail = metrics_detail
         # Hold the first publish until the first probe has a verdict (bounded), so a starting
         # node is published once (labels, condition, Event: 3 writes) instead of "not ready"
         # and then "ready" a few seconds later.
@@ -396,7 +396,7 @@ class Agent:
             node=self.stages.node, profile=self.state.profile, verdict=final, since=self._since, created=now,
             mode=self.mode, audit=self._audit, topology=self._topology_doc, gpus=self._gpus, probes=probes,
             probe_last_success=dict(probe.last_success), collectors=statuses,
-            metrics_targets=self.metrics_targets,
+            metrics_detail=self.metrics_detail,
         )
         self.state.publish(snap)
         return snap
@@ -510,7 +510,7 @@ def serve(options: ServeOptions, *, stages: Stages | None = None,
     hold = (float(getattr(pp, "timeout_s", 300.0)) * (int(getattr(pp, "retries", 0)) + 1) + 60.0) if pp else 900.0
     agent = Agent(stages, mode=options.mode, interval=options.interval,
                   enforce_min_interval=options.enforce_min_interval, jitter=options.jitter,
-                  first_publish_max_wait=hold, metrics_targets=options.metrics_targets)
+                  first_publish_max_wait=hold, metrics_detail=options.metrics_detail)
     app = create_app(agent.state)
     sock = _bind(options.host, int(options.port))
     config = uvicorn.Config(app, log_level="warning", access_log=False, lifespan="off",

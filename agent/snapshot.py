@@ -38,8 +38,9 @@ class CollectorStatus:
 class Snapshot:
     """Everything the API serves, fixed at the end of a loop pass. Build with :meth:`build`.
 
-    ``metrics_targets`` adds the per-target series (one per CPU, IRQ, GPU of a setting) to the
-    exposition; off by default (see ``gpu-tune serve --metrics-targets``).
+    ``metrics_detail`` adds the per-target series (one per CPU, IRQ, GPU of a setting), the
+    per-stage collector series and the launch-bound busy ratio to the exposition; off by default
+    (see ``gpu-tune serve --metrics-detail``).
     """
 
     node: str
@@ -54,7 +55,7 @@ class Snapshot:
     probes: tuple[Mapping[str, Any], ...] = ()
     probe_last_success: Mapping[str, float] = field(default_factory=dict)
     collectors: tuple[CollectorStatus, ...] = ()
-    metrics_targets: bool = False
+    metrics_detail: bool = False
     # pre-rendered bodies
     readiness_body: bytes = b""
     metrics_body: bytes = b""

@@ -502,7 +502,7 @@ def test_podmonitor_scrapes_the_agent_port():
 
 
 def test_rules_and_dashboard_need_no_per_target_series():
-    """gpu_tune_setting_target_compliant exists only with serve --metrics-targets: nothing shipped
+    """gpu_tune_setting_target_compliant exists only with serve --metrics-detail: nothing shipped
     may depend on it, nor on the per-target label of 0.1.0."""
     shipped = RULES_FILE.read_text() + DASHBOARD.read_text()
     assert "gpu_tune_setting_target_compliant" not in shipped

@@ -152,8 +152,9 @@ def test_serve_enforce_publishes_node_then_writes_nothing(tmp_path, procs):
         assert probes[0]["gpu"] == "cpu" and probes[0]["passed"] is True
         metrics = http_get(base + "/metrics")[1].decode()
         assert "gpu_tune_ready 1.0" in metrics
-        assert 'gpu_tune_collector_success{collector="publish"} 1.0' in metrics
-        assert 'gpu_tune_collector_success{collector="enforce"} 1.0' in metrics
+        assert 'gpu_tune_check_ok{check="topology.published"} 1.0' in metrics
+        assert 'gpu_tune_check_ok{check="tuning.compliant"} 1.0' in metrics
+        assert "gpu_tune_collector_success" not in metrics  # per-stage series: serve --metrics-detail
 
         # what the Node carries now (CONTRACT §6)
         n = api.node(node)
@@ -293,7 +294,7 @@ def test_prometheus_scrapes_the_agent(tmp_path, procs):
     agent_log = tmp_path / "serve.log"
     # no MNIST data: the probe ends at once with an error verdict (no TensorFlow started)
     agent = procs.serve(root, agent_log, "--port", str(agent_port), "--no-kube", "--interval", "1",
-                        "--probe-device", "cpu", "--probe-data", str(tmp_path / "no-mnist.npz"), "--metrics-targets")
+                        "--probe-device", "cpu", "--probe-data", str(tmp_path / "no-mnist.npz"), "--metrics-detail")
     wait_for("agent /metrics", lambda: http_get(f"http://127.0.0.1:{agent_port}/metrics")[0] == 200, 30,
              proc=agent, log=agent_log)
     cfg = tmp_path / "prometheus.yml"
@@ -329,7 +330,7 @@ def test_prometheus_scrapes_the_agent(tmp_path, procs):
     targets = {(s["metric"]["id"], s["metric"]["status"]): s["value"][1]
                for s in got['gpu_tune_setting_targets{job="gpu-tune"}']}
     assert targets[("cpu.governor", "drift")] == "2"  # both CPUs run schedutil, the profile wants performance
-    # --metrics-targets: the per-target series too
+    # --metrics-detail: the per-target series too
     per_target = {(s["metric"]["id"], s["metric"]["target"]): s["value"][1]
                   for s in got['gpu_tune_setting_target_compliant{job="gpu-tune"}']}
     assert per_target[("cpu.governor", "cpu0")] == per_target[("cpu.governor", "cpu1")] == "0"

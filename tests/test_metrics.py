@@ -20,10 +20,12 @@ from .test_readiness import AUDIT_DRIFT, Pub, h100
 GOLDEN = Path(__file__).parent / "golden"
 # What the default exposition is made of (docs/monitoring.md, "Cardinality"): per GPU with a full
 # probe result, its NUMA node, PCIe generation and width (current and max), accuracy, fingerprint,
-# images/s and busy ratio per regime, probe duration and last success; besides: build info, ready,
-# and the success and duration of each of the 5 stages. Nothing is per CPU or per IRQ.
-SERIES_PER_GPU = 1 + 2 + 2 + 1 + 1 + 2 + 2 + 1 + 1
-SERIES_FIXED = 2 + 2 * 5
+# images/s per regime, the device-bound busy ratio, probe duration and last success; besides: build
+# info and ready. Nothing is per CPU or per IRQ. --metrics-detail adds a series per setting target,
+# the success and duration of each of the 5 stages, and the launch-bound busy ratio per GPU.
+SERIES_PER_GPU = 1 + 2 + 2 + 1 + 1 + 2 + 1 + 1 + 1
+SERIES_FIXED = 2
+SERIES_BUDGET = 150  # issue goal: the 8-GPU, 224-CPU fixture with the default flags
 T0 = 1735689600.0  # 2025-01-01T00:00:00Z
 
 TOPOLOGY = {
@@ -40,7 +42,7 @@ TOPOLOGY = {
 }
 
 
-def snapshot(*, lost: bool = False, metrics_targets: bool = False, audit: dict | None = None) -> Snapshot:
+def snapshot(*, lost: bool = False, metrics_detail: bool = False, audit: dict | None = None) -> Snapshot:
     # GPU 1 is busy: its link below the top generation is a fault, not idle power saving
     gpus = [h100(0), h100(1, error="Unknown Error", error_kind="lost") if lost else h100(1, utilization_percent=85.0)]
     # GPU 0: a result of the current probe; GPU 1: one saved by an older probe (no regimes, no fingerprint)
@@ -56,7 +58,7 @@ def snapshot(*, lost: bool = False, metrics_targets: bool = False, audit: dict |
     return Snapshot.build(node="gpu-node-1", profile="training", verdict=v, since=T0, created=T0 + 60,
                           audit=audit, topology=TOPOLOGY, gpus=[g.as_dict() for g in gpus],
                           probes=probes, probe_last_success={"0": T0 - 3600}, collectors=collectors,
-                          metrics_targets=metrics_targets)
+                          metrics_detail=metrics_detail)
 
 
 def golden(name: str, text: str) -> None:
@@ -101,9 +103,15 @@ def test_contract_names_and_dcgm_labels():
                      "gpu_tune_probe_train_images_per_second", "gpu_tune_probe_gpu_busy_ratio",
                      "gpu_tune_probe_duration_seconds", "gpu_tune_probe_last_success_timestamp_seconds",
                      "gpu_tune_gpu_numa_node", "gpu_tune_gpu_pcie_link_generation", "gpu_tune_gpu_pcie_link_width",
-                     "gpu_tune_build_info", "gpu_tune_collector_success", "gpu_tune_collector_duration_seconds"):
+                     "gpu_tune_build_info"):
         assert required in names, required
-    assert "gpu_tune_setting_target_compliant" not in names  # per-target series are opt-in
+    # opt-in (serve --metrics-detail): per-target and per-stage series
+    for detail in ("gpu_tune_setting_target_compliant", "gpu_tune_collector_success",
+                   "gpu_tune_collector_duration_seconds"):
+        assert detail not in names, detail
+    detailed = samples(snapshot(metrics_detail=True).metrics_body)
+    assert detailed[("gpu_tune_collector_success", (("collector", "audit"),))] == 1.0
+    assert detailed[("gpu_tune_collector_duration_seconds", (("collector", "probe"),))] == 21.5
     s = samples(body)
     gen1 = {k: v for k, v in s.items() if k[0] == "gpu_tune_gpu_pcie_link_generation" and ("gpu", "1") in k[1]}
     labels = dict(next(iter(gen1))[1])
@@ -134,7 +142,9 @@ def test_probe_families_from_the_result_shape():
         (("fingerprint", "3f2a9c1d"), ("peer_group", PEER_GROUP)): 1.0}
     assert gpu_series(body, "gpu_tune_probe_train_images_per_second", "0") == {
         (("regime", "launch_bound"),): 41234.5, (("regime", "device_bound"),): 98765.0}
-    assert gpu_series(body, "gpu_tune_probe_gpu_busy_ratio", "0") == {
+    # the device-bound busy ratio by default (a healthy GPU is >= 90 % busy there); both with detail
+    assert gpu_series(body, "gpu_tune_probe_gpu_busy_ratio", "0") == {(("regime", "device_bound"),): 0.97}
+    assert gpu_series(snapshot(metrics_detail=True).metrics_body, "gpu_tune_probe_gpu_busy_ratio", "0") == {
         (("regime", "launch_bound"),): 0.31, (("regime", "device_bound"),): 0.97}
     assert gpu_series(body, "gpu_tune_probe_duration_seconds", "0") == {(): 12.5}
     assert gpu_series(body, "gpu_tune_probe_last_success_timestamp_seconds", "0") == {(): T0 - 3600}
@@ -165,7 +175,8 @@ def test_probe_families_from_the_result_shape():
 def test_probe_families_tolerate_partial_results(result, want_ips, want_busy, want_fp):
     snap = Snapshot.build(node="gpu-node-1", profile="training", verdict=verdict(profile=Profile(name="training"),
                           audit=None, gpus=[h100(0)], probes=[]), since=T0, created=T0,
-                          gpus=[h100(0).as_dict()], topology=TOPOLOGY, probes=[probe_verdict("0", result)])
+                          gpus=[h100(0).as_dict()], topology=TOPOLOGY, probes=[probe_verdict("0", result)],
+                          metrics_detail=True)
     body = snap.metrics_body
     assert len(gpu_series(body, "gpu_tune_probe_train_images_per_second", "0")) == want_ips
     assert len(gpu_series(body, "gpu_tune_probe_gpu_busy_ratio", "0")) == want_busy
@@ -200,9 +211,9 @@ def test_settings_exported_per_setting_with_status_counts():
     assert sum(1 for n, _ in s if n.startswith("gpu_tune_setting_")) == 13
 
 
-def test_per_target_series_only_with_metrics_targets():
+def test_per_target_series_only_with_metrics_detail():
     audit = many_targets_audit()
-    s = samples(snapshot(audit=audit, metrics_targets=True).metrics_body)
+    s = samples(snapshot(audit=audit, metrics_detail=True).metrics_body)
     per = {(dict(k)["id"], dict(k)["target"]): v for (n, k), v in s.items() if n == "gpu_tune_setting_target_compliant"}
     assert len(per) == len(audit["settings"]) == 1213
     assert per[("cpu.governor", "cpu3")] == 1.0 and per[("cpu.governor", "cpu223")] == 0.0
@@ -228,7 +239,7 @@ def test_collector_describes_without_collecting():
 def test_series_budget_on_the_8_gpu_224_cpu_fixture(tmp_path):
     """The real agent pass over the DGX-like fixture (224 CPUs, 8 GPUs, 8 NICs, 984 IRQs: 1,225 audit
     rows), every GPU probed with a full result: the default exposition stays under the budget and
-    does not grow with CPUs or IRQs; --metrics-targets adds one series per target."""
+    does not grow with CPUs or IRQs; --metrics-detail adds one series per target."""
     snap = probed_pass(tmp_path / "default")
     rows = len(snap.audit["settings"])
     ids = len({s["id"] for s in snap.audit["settings"]})
@@ -238,6 +249,7 @@ def test_series_budget_on_the_8_gpu_224_cpu_fixture(tmp_path):
     pairs = len({(s["id"], s["status"]) for s in snap.audit["settings"]})
     checks = len(snap.verdict.checks)
     assert total == SERIES_FIXED + checks + ids + pairs + 8 * SERIES_PER_GPU, per_family
+    assert total <= SERIES_BUDGET, per_family
     assert per_family["gpu_tune_setting_compliant"] == ids
     assert per_family["gpu_tune_setting_targets"] == pairs <= 2 * ids
     assert total < rows / 8  # ~1,460 audit rows, well under 200 series
@@ -245,9 +257,12 @@ def test_series_budget_on_the_8_gpu_224_cpu_fixture(tmp_path):
     gpu_families = [n for n in per_family if n.startswith(("gpu_tune_gpu_", "gpu_tune_probe_"))]
     assert all(per_family[n] <= 2 * 8 for n in gpu_families)  # per GPU (x2: kind or regime)
 
-    full = count_series(probed_pass(tmp_path / "targets", metrics_targets=True).metrics_body)
+    full = count_series(probed_pass(tmp_path / "targets", metrics_detail=True).metrics_body)
     assert full["gpu_tune_setting_target_compliant"] == rows
-    assert sum(full.values()) == total + rows
+    stages = full["gpu_tune_collector_success"]
+    assert stages == full["gpu_tune_collector_duration_seconds"] >= 4
+    assert full["gpu_tune_probe_gpu_busy_ratio"] == 2 * per_family["gpu_tune_probe_gpu_busy_ratio"] == 16
+    assert sum(full.values()) == total + rows + 2 * stages + 8
 
 
 @pytest.mark.parametrize("given,want", [("0000:18:00.0", "00000000:18:00.0"), ("0000:af:00.0", "00000000:AF:00.0"),

@@ -182,7 +182,12 @@ def test_stage_raising_is_collector_failure_and_failed_check(stage, check):
     assert f"{stage} exploded" in collectors(snap)[stage].error
     c = checks(snap)
     assert not c[check].ok and f"{stage} exploded" in c[check].detail
-    assert f'gpu_tune_collector_success{{collector="{stage}"}} 0.0'.encode() in snap.metrics_body
+    # the per-stage series come with serve --metrics-detail; the failing check is there by default
+    assert f'gpu_tune_collector_success{{collector="{stage}"}}'.encode() not in snap.metrics_body
+    assert f'gpu_tune_check_ok{{check="{check}"}} 0.0'.encode() in snap.metrics_body
+    agent.metrics_detail = True
+    assert f'gpu_tune_collector_success{{collector="{stage}"}} 0.0'.encode() in agent.run_pass().metrics_body
+    agent.metrics_detail = False
     assert client.get("/healthz").status_code == 200
     assert client.get("/readiness").status_code == 503
     # the last good documents are still served
@@ -201,7 +206,7 @@ def test_publisher_forbidden_shows_hint():
     c = {x["name"]: x for x in client.get("/readiness").json()["checks"]}
     assert not c["topology.published"]["ok"] and "403" in c["topology.published"]["detail"]
     assert "grant the ClusterRole" in c["topology.published"]["detail"]
-    assert b'gpu_tune_collector_success{collector="publish"} 0.0' in client.get("/metrics").content
+    assert b'gpu_tune_check_ok{check="topology.published"} 0.0' in client.get("/metrics").content
     assert world.last_published.ready is True  # what was asked for; the API refused it
 
 
