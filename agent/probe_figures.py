@@ -5,8 +5,8 @@ A probe verdict's ``result`` is the workload's JSON: ``accuracy``; ``fingerprint
 string, equal on healthy peers) and ``peer_group`` (GPU model and software versions); per regime
 (``launch_bound``: small batches, the host's share; ``device_bound``: large batches with the data
 on the GPU) ``images_per_second`` and ``gpu_busy_fraction`` (0..1). A result saved by an older probe
-has only ``train_images_per_second``: it stands for the launch-bound regime (read as
-``agent.probe.judge.regime_figures`` reads it, without importing the probe package).
+has only ``train_images_per_second``: it stands for the launch-bound regime. The probe's judge
+reads the regimes through :func:`regimes` too.
 """
 
 from __future__ import annotations
@@ -36,26 +36,29 @@ def result_of(verdict: Mapping[str, Any]) -> Mapping[str, Any]:
     return res if isinstance(res, Mapping) else {}
 
 
+def regimes(result: Mapping[str, Any]) -> dict[str, Mapping[str, Any]]:
+    """Each regime's section of the result as the workload wrote it (``batch_size``, ``steps``...);
+    without ``regimes`` (or with none in it) the old ``train_images_per_second`` is the
+    launch-bound one. The probe's judge, the metrics and the node summary all read it here."""
+    found = result.get("regimes")
+    if isinstance(found, Mapping) and found:
+        return {k: found[k] for k in REGIMES if isinstance(found.get(k), Mapping)}
+    ips = number(result.get("train_images_per_second"))
+    return {"launch_bound": {"images_per_second": ips}} if ips is not None else {}
+
+
 def throughput(result: Mapping[str, Any]) -> dict[str, dict[str, float]]:
-    """``{regime: {"images_per_second": x, "gpu_busy_fraction": y}}``, numbers only; without
-    ``regimes`` (or with none in it) the old ``train_images_per_second`` is the launch-bound one."""
+    """``{regime: {"images_per_second": x, "gpu_busy_fraction": y}}``, clean numbers only."""
     out: dict[str, dict[str, float]] = {}
-    regimes = result.get("regimes")
-    if isinstance(regimes, Mapping) and regimes:
-        for regime in REGIMES:
-            r = regimes.get(regime)
-            if not isinstance(r, Mapping):
-                continue
-            vals = {}
-            ips, busy = number(r.get("images_per_second")), ratio(r.get("gpu_busy_fraction"))
-            if ips is not None:
-                vals["images_per_second"] = ips
-            if busy is not None:
-                vals["gpu_busy_fraction"] = busy
-            if vals:
-                out[regime] = vals
-    elif number(result.get("train_images_per_second")) is not None:
-        out["launch_bound"] = {"images_per_second": number(result["train_images_per_second"])}
+    for regime, r in regimes(result).items():
+        vals = {}
+        ips, busy = number(r.get("images_per_second")), ratio(r.get("gpu_busy_fraction"))
+        if ips is not None:
+            vals["images_per_second"] = ips
+        if busy is not None:
+            vals["gpu_busy_fraction"] = busy
+        if vals:
+            out[regime] = vals
     return out
 
 

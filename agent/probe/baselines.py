@@ -24,8 +24,8 @@ from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_valida
 
 from ..errors import InputError
 from ..policy import default_policy_dir
+from ..probe_figures import REGIMES  # one list for the judge, the metrics and the node summary
 
-REGIMES = ("launch_bound", "device_bound")
 REGIME_WORDS = {"launch_bound": "launch-bound", "device_bound": "device-bound"}
 FINGERPRINT_RE = re.compile(r"^[0-9a-f]{16}$")
 

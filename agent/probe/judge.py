@@ -14,6 +14,8 @@ from typing import Any, Mapping
 
 from ..parse import ParseError, format_cpulist, parse_cpulist
 from ..policy import ProbePolicy
+from ..probe_figures import number as _num
+from ..probe_figures import regimes
 from .baselines import REGIME_WORDS, REGIMES, Baseline, Baselines
 from .plan import ProbeTarget
 
@@ -31,18 +33,10 @@ class Judgement:
     throughput_only: bool = False
 
 
-def _num(v: Any) -> float | None:
-    return float(v) if isinstance(v, (int, float)) and not isinstance(v, bool) else None
-
-
 def regime_figures(result: Mapping[str, Any]) -> dict[str, dict[str, Any]]:
-    """``{regime: {"images_per_second", "batch_size", "gpu_busy_fraction"}}``; a 0.1.0 result
+    """``{regime: {"images_per_second", "batch_size", "gpu_busy_fraction", ...}}``; a 0.1.0 result
     (one ``train_images_per_second``) reads as its launch-bound regime."""
-    regimes = result.get("regimes")
-    if isinstance(regimes, Mapping) and regimes:
-        return {k: dict(v) for k, v in regimes.items() if k in REGIMES and isinstance(v, Mapping)}
-    ips = _num(result.get("train_images_per_second"))
-    return {"launch_bound": {"images_per_second": ips}} if ips is not None else {}
+    return {k: dict(v) for k, v in regimes(result).items()}
 
 
 def _baseline(result: Mapping[str, Any], target: ProbeTarget, device: str,
