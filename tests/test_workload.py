@@ -314,3 +314,24 @@ def test_the_gpu_code_path_compiles_and_trains_on_the_cpu(subset, precision):
         assert w["batch_size"] == bs and w["xla"] is True and w["precision"] == precision
         assert w["images_per_second"] > 0 and np.isfinite(w["final_loss"]) and w["final_loss"] < 5
     assert doc["correctness"]["precision"] == "float32" and len(doc["fingerprint"]) == 16
+
+
+@pytest.mark.slow
+def test_no_deterministic_kernel_is_a_dependency_error_not_a_crash(subset):
+    """Should an op have no deterministic kernel on some device or TensorFlow build, the probe says
+    so as a result (an error about the software, the same on every such node), never a crash."""
+    code = (
+        "import sys, workload.train as tr, workload.mnist_probe as mp\n"
+        "def boom(*a, **k):\n"
+        "    raise tr.tf.errors.UnimplementedError(None, None, 'A deterministic GPU implementation of "
+        "MaxPoolGrad is not currently available.\\nmore')\n"
+        "tr.correctness_run = boom\n"
+        "sys.exit(mp.main(['--device', 'cpu', '--window-seconds', '0.1', '--infer-seconds', '0.05']))\n")
+    r = subprocess.run([sys.executable, "-c", code], cwd=ROOT, capture_output=True, text=True, timeout=180,
+                       env=dict(os.environ, TF_CPP_MIN_LOG_LEVEL="2"))
+    assert r.returncode == 0, r.stderr[-2000:]
+    doc = json.loads(r.stdout)
+    assert doc["ok"] is False and doc["error_kind"] == "dependency"
+    assert doc["error"] == ("TensorFlow cannot run the deterministic correctness run on this device: "
+                            "A deterministic GPU implementation of MaxPoolGrad is not currently available.")
+    assert doc["regimes"]["launch_bound"]["images_per_second"] > 0  # what was measured is kept

@@ -293,10 +293,10 @@ class Trainer:
             self.opt = Adam(self.params, lr)
             self.order = tf.identity(tf.constant(np.asarray(order, np.int64)))
             self.pos = tf.Variable(tf.constant(0, tf.int64))
+            offsets = tf.range(self.batch_size, dtype=tf.int64)  # on the device: no copy per step
         n_order = int(len(order))
         x_all, y_all = data.x_train, data.y_train
         params, opt = self.params, self.opt
-        offsets = tf.range(self.batch_size, dtype=tf.int64)
 
         @tf.function(jit_compile=xla)
         def step():
