@@ -27,7 +27,9 @@ FROM ${PYTHON_IMAGE} AS deps
 ARG FLAVOUR
 ENV PIP_DISABLE_PIP_VERSION_CHECK=1 \
     PIP_NO_CACHE_DIR=1
-RUN python -m venv /opt/venv
+# binutils: strip, below (this stage only).
+RUN apt-get update -qq && apt-get install -y -qq --no-install-recommends binutils >/dev/null \
+ && python -m venv /opt/venv
 ENV PATH=/opt/venv/bin:$PATH
 COPY requirements/${FLAVOUR}.lock /tmp/requirements.lock
 # --require-hashes --no-deps: exactly the locked files, nothing resolved at build time. pip
@@ -48,10 +50,18 @@ COPY requirements/${FLAVOUR}.lock /tmp/requirements.lock
 #   loaded lazily, but dropping it breaks any MirroredStrategy on multi-GPU nodes);
 # - nvcc's ptxas and libdevice: XLA's GPU compiler needs them to build kernels for GPUs newer
 #   than the PTX shipped in TensorFlow.
+# - TensorFlow's shared libraries carry their full symbol tables (~210 MB of .symtab/.strtab in
+#   libtensorflow_cc.so.2 alone), used only to name frames in a crash trace: stripped with
+#   --strip-unneeded (the dynamic symbols stay). NVIDIA's libraries are shipped stripped and
+#   left as they are; wheels repaired with patchelf (numpy.libs, ...) are not touched either.
+# - kubernetes/aio (~70 MB) and aiohttp with its helpers: the asyncio client, which the agent's
+#   synchronous client never imports.
 RUN pip install --no-cache-dir --require-hashes --no-deps -r /tmp/requirements.lock \
- && pip uninstall -y -q libclang \
+ && pip uninstall -y -q libclang aiohttp aiohttp-retry aiosignal aiohappyeyeballs yarl multidict \
+      frozenlist propcache \
  && SP=$(python -c "import sysconfig; print(sysconfig.get_paths()['purelib'])") \
- && rm -rf "$SP/tensorflow/include" \
+ && rm -rf "$SP/tensorflow/include" "$SP/kubernetes/aio" \
+ && find "$SP/tensorflow" -type f -name '*.so*' -exec strip --strip-unneeded {} + \
  && find "$SP" -depth -type d \( -name tests -o -name __tests__ \) -prune -exec rm -rf {} + \
  && { [ ! -d "$SP/nvidia" ] || { find "$SP/nvidia" -depth -type d -name include -prune -exec rm -rf {} + \
       && find "$SP/nvidia" -name '*.a' -delete; }; } \
