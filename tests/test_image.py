@@ -19,6 +19,7 @@ seconds.
 from __future__ import annotations
 
 import glob
+import hashlib
 import importlib.util
 import json
 import os
@@ -244,6 +245,28 @@ def test_image_has_bytecode_and_no_dead_weight(image):
     assert out[0].startswith("['") and "cpython-311.pyc" in out[0], out
     assert out[1] == "[]", f"imported by nothing but in the image: {out[1]}"
     assert out[2] == "False []", out[2]
+
+
+def _code_digest(site: Path) -> str:
+    h = hashlib.sha256()
+    for pkg in ("agent", "workload"):
+        for f in sorted((site / pkg).rglob("*.py")):
+            h.update(str(f.relative_to(site)).encode() + b"\0" + f.read_bytes())
+    return h.hexdigest()
+
+
+def test_image_runs_this_checkouts_code(image):
+    # A layer cache that served a stale agent layer would ship the previous code.
+    code = ("import hashlib, pathlib, sysconfig\n"
+            "site = pathlib.Path(sysconfig.get_paths()['purelib'])\n"
+            "h = hashlib.sha256()\n"
+            "for pkg in ('agent', 'workload'):\n"
+            "    for f in sorted((site / pkg).rglob('*.py')):\n"
+            "        h.update(str(f.relative_to(site)).encode() + b'\\0' + f.read_bytes())\n"
+            "print(h.hexdigest())\n")
+    got = subprocess.run([*ti.PODMAN, "run", *ti.run_flags(), "--rm", "--entrypoint", "python", image, "-c", code],
+                         check=True, capture_output=True, text=True).stdout.strip()
+    assert got == _code_digest(ROOT)
 
 
 # -- (a) audit ---------------------------------------------------------------------------------

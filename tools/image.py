@@ -103,10 +103,39 @@ def build(context: Path, flavour: str, tag: str, base: str, log_path: Path,
     return took
 
 
-def layers(tag: str) -> list[dict]:
+def final_stage_steps(dockerfile: Path) -> list[str]:
+    """The last stage's layer-making instructions (RUN, COPY, ADD), each on one line."""
+    logical, cur = [], ""
+    for line in dockerfile.read_text().splitlines():
+        if not cur and (not line.strip() or line.lstrip().startswith("#")):
+            continue
+        if cur and line.lstrip().startswith("#"):
+            continue
+        cur += " " + line.strip().rstrip("\\")
+        if not line.rstrip().endswith("\\"):
+            logical.append(" ".join(cur.split()))
+            cur = ""
+    steps: list[str] = []
+    for ins in logical:
+        word = ins.split(" ", 1)[0].upper()
+        if word == "FROM":
+            steps = []
+        elif word in ("RUN", "COPY", "ADD"):
+            steps.append(ins.replace("--mount=type=bind,from=agent,source=/wheel,target=/wheel ", ""))
+    return steps
+
+
+def layers(tag: str, base: str | None = None) -> list[dict]:
     """The image's layers, bottom first: diff digest, unpacked bytes, the step that made it."""
     info = json.loads(podman("image", "inspect", tag).stdout)[0]
     diff_ids = info["RootFS"]["Layers"]
+    named: dict[int, str] = {}
+    if base is not None and image_exists(base):
+        n_base = len(json.loads(podman("image", "inspect", base).stdout)[0]["RootFS"]["Layers"])
+        steps = final_stage_steps(ROOT / "Dockerfile")
+        if n_base + len(steps) == len(diff_ids):
+            named = {i: "base image " + base for i in range(n_base)}
+            named.update({n_base + k: step for k, step in enumerate(steps)})
     hist = [h for h in json.loads(podman("history", "--format", "json", "--no-trunc", tag).stdout)]
     hist = [h for h in reversed(hist) if h.get("size", 0) or h.get("Size", 0)]
     rows = []
@@ -115,7 +144,7 @@ def layers(tag: str) -> list[dict]:
         created = (h.get("createdBy") or h.get("CreatedBy") or "").replace("\n", " ")
         created = created.split("#(nop) ")[-1].strip()
         rows.append({"digest": digest, "size": int(h.get("size", h.get("Size", 0)) or 0),
-                     "step": " ".join(created.split())[:70]})
+                     "step": named.get(i, " ".join(created.split()))[:72]})
     return rows
 
 
@@ -188,7 +217,7 @@ def main(argv: list[str] | None = None) -> int:
     print(f"build: {took:.0f} s{' (no cache)' if a.no_cache else ''}; log {log}")
     if a.no_sizes:
         return 0
-    rows = layers(tag)
+    rows = layers(tag, base)
     comp = compressed_sizes(tag)
     unpacked = sum(r["size"] for r in rows)
     print(f"size: {mb(unpacked)} unpacked, {mb(sum(comp.values()))} compressed "
@@ -202,7 +231,7 @@ def main(argv: list[str] | None = None) -> int:
                 fh.write(f"\n# code-only change {time.time_ns()}\n")
             tag2 = tag + "-codechange"
             took2 = build(ctx, a.flavour, tag2, base, log_dir / f"gpu-tune-image-{a.flavour}-2.log")
-        rows2 = layers(tag2)
+        rows2 = layers(tag2, base)
         old = {r["digest"] for r in rows}
         new = [r for r in rows2 if r["digest"] not in old]
         comp2 = compressed_sizes(tag2, want={r["digest"] for r in new})
