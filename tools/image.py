@@ -143,7 +143,7 @@ def layers(tag: str, base: str | None = None) -> list[dict]:
         h = hist[i] if i < len(hist) and len(hist) == len(diff_ids) else {}
         created = (h.get("createdBy") or h.get("CreatedBy") or "").replace("\n", " ")
         created = created.split("#(nop) ")[-1].strip()
-        rows.append({"digest": digest, "size": int(h.get("size", h.get("Size", 0)) or 0),
+        rows.append({"index": i, "digest": digest, "size": int(h.get("size", h.get("Size", 0)) or 0),
                      "step": named.get(i, " ".join(created.split()))[:72]})
     return rows
 
@@ -180,8 +180,8 @@ def mb(n: int) -> str:
 
 def print_table(rows: list[dict], comp: dict[str, int], out=sys.stdout) -> None:
     print(f"{'#':>2}  {'unpacked':>11}  {'gzip -6':>11}  layer (step)", file=out)
-    for i, r in enumerate(rows):
-        print(f"{i:>2}  {mb(r['size']):>11}  {mb(comp.get(r['digest'], 0)):>11}  {r['step']}", file=out)
+    for r in rows:
+        print(f"{r['index']:>2}  {mb(r['size']):>11}  {mb(comp.get(r['digest'], 0)):>11}  {r['step']}", file=out)
 
 
 def copy_context(dst: Path) -> None:
