@@ -39,7 +39,7 @@ COPY requirements/${FLAVOUR}.lock /tmp/requirements.lock
 # Slimming, all in this stage so that nothing removed ever lands in a layer:
 # - tensorflow/include (~430 MB): C++ headers for building custom ops; nothing compiles here.
 # - nvidia/*/include and static *.a archives: headers and link-time archives, never loaded.
-# - tests/ folders (~120 MB across numpy, h5py, grpc, ...): imported by nothing at run time.
+# - tests/ folders (numpy, h5py, keras, ...): imported by nothing at run time.
 # - libclang (~60 MB): a TensorFlow dependency for its source-generation tools only.
 # Kept, deliberately (GPU flavour, each dlopened by TensorFlow at start-up; if any one of cudart,
 # cuBLAS/cuBLASLt, cuFFT, cuSOLVER, cuSPARSE or cuDNN fails to load, TensorFlow logs "Cannot
