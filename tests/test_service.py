@@ -43,6 +43,7 @@ class World:
     def __init__(self) -> None:
         self.calls: Counter[str] = Counter()
         self.published: list = []
+        self.published_modes: list[str] = []
         self.gpu_list = [h100(0), h100(1)]
         self.audit_doc = AUDIT_OK
         self.probe_out = [passed("0"), passed("1")]
@@ -88,8 +89,9 @@ class World:
             assert self.probe_gate.wait(10)
         return self.probe_out
 
-    def publish(self, verdict, topology, gpus, driver, *, audit=None, probes=None):
+    def publish(self, verdict, topology, gpus, driver, *, audit=None, probes=None, mode="enforce"):
         self._call("publish")
+        self.published_modes.append(mode)
         self.last_published = verdict
         self.last_summary_inputs = {"audit": audit, "probes": probes}
         self.published.append(verdict)
