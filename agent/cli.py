@@ -44,6 +44,7 @@ class Backend(str, Enum):
 class Mode(str, Enum):
     audit = "audit"
     enforce = "enforce"
+    revert = "revert"
 
 
 class Device(str, Enum):
@@ -396,7 +397,8 @@ def serve_cmd(
     profile: ProfileOpt = "training",
     host: Annotated[str, typer.Option("--host", help="Listen address")] = "0.0.0.0",
     port: Annotated[int, typer.Option("--port", min=1, max=65535, help="Listen port")] = 9410,
-    mode: Annotated[Mode, typer.Option("--mode", case_sensitive=False, help="audit: read only; enforce: re-apply drift")] = Mode.audit,
+    mode: Annotated[Mode, typer.Option("--mode", case_sensitive=False, help="audit: read only; enforce: re-apply drift; revert: restore the recorded originals, "
+                                       "then stop enforcing (a Node label gpu-tune.io/mode=audit|revert overrides)")] = Mode.audit,
     interval: Annotated[float, typer.Option("--interval", min=1.0, metavar="S", help="Seconds between passes")] = 60.0,
     probe_interval: Annotated[Optional[float], typer.Option("--probe-interval", min=0.0, metavar="S",
                                                             help="Seconds between probes [default: the profile's]")] = None,

@@ -246,7 +246,9 @@ def test_daemonset_common_shape(overlay):
     assert {"operator": "Exists"} in pod["tolerations"]
     assert c["securityContext"]["privileged"] is True
     assert c["livenessProbe"]["httpGet"]["path"] == "/healthz"
-    assert c["readinessProbe"]["httpGet"]["path"] == "/readiness"
+    # the pod's readiness is the agent's (/agent-ready), not the node's verdict (/readiness):
+    # a rollout in audit mode goes on across untuned nodes (docs/deploy.md)
+    assert c["readinessProbe"]["httpGet"]["path"] == "/agent-ready"
     (port,) = c["ports"]
     assert port["containerPort"] == 9410 and port["hostPort"] == 9410
     assert {c["livenessProbe"]["httpGet"]["port"], c["readinessProbe"]["httpGet"]["port"]} == {port["name"]}
@@ -270,11 +272,18 @@ def test_daemonset_common_shape(overlay):
     assert policy_dir in m and m[policy_dir]["hostPath"] is None
 
 
-def test_audit_overlay_changes_nothing_on_the_host():
-    ds = daemonset("audit")
+@pytest.mark.parametrize("overlay", ["audit", "minikube"])
+def test_audit_overlay_changes_nothing_on_the_host(overlay):
+    ds = daemonset(overlay)
+    writable = {}
     for path, m in mounts(ds).items():
-        if m["hostPath"] is not None:
-            assert m["readOnly"], f"{path} is writable in the audit overlay"
+        if m["hostPath"] is not None and not m["readOnly"]:
+            writable[path] = (m["hostPath"], m["type"])
+    # the one writable host folder: the probe's saved verdicts, so that `gpu-tune label` in the pod
+    # sees the probe that passed (no kernel file, no /etc)
+    assert writable == {"/host/var/lib/gpu-tune": ("/var/lib/gpu-tune", "DirectoryOrCreate")}
+    for path, m in mounts(ds).items():
+        if m["hostPath"] is not None and path != "/host/var/lib/gpu-tune":
             assert m["type"] != "DirectoryOrCreate", f"{path} would be created on the host"
     assert parse_container_cli(ds)["mode"] == "audit"
 
