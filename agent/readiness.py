@@ -357,12 +357,11 @@ def reverted_check(revert: Mapping[str, Any] | None, *, error: str | None = None
         return Check(name, False, "mode revert: the revert has not run yet")
     failed = [f"{r.get('id')}[{r.get('target')}]: {r.get('detail')}" for r in revert.get("settings", [])
               if r.get("status") != "ok"]
-    restored = int(revert.get("restored", 0))
     if failed:
         return Check(name, False, f"mode revert: {len(failed)} original(s) could not be restored (kept in the "
                                   f"journal, tried again each pass): {_listed(failed)}")
-    return Check(name, False, f"mode revert: the recorded originals are restored ({restored} this run) and "
-                              "nothing is enforced; the node is left as it was before gpu-tune")
+    return Check(name, False, "mode revert: the recorded originals are restored and nothing is enforced; "
+                              "the node is left as it was before gpu-tune")
 
 
 # -- topology / publish -----------------------------------------------------------------------
