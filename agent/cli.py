@@ -426,7 +426,7 @@ def serve_cmd(
 
 
 @command("fleet", help="Every GPU node's readiness as the agents published it, from the API server (read-only). "
-                        "Exit 0 all ready, 1 some not ready or not reporting.")
+                        "Exit 0 all ready, 1 some not ready or not reporting, or --selector matches no GPU node.")
 def fleet_cmd(
     g: Globals,
     selector: Annotated[Optional[str], typer.Option("--selector", "-l", metavar="S",
@@ -451,6 +451,12 @@ def fleet_cmd(
         _print_json(report.as_dict())
     else:
         sys.stdout.write(render_table(report))
+    if selector is not None and not report.nodes:
+        # a typo in a selector must not read as "every node ready" to a script
+        matched = (f"{len(listing.items)} node(s) match it, none a GPU node or running the agent"
+                   if listing.items else "no node matches it")
+        print(f"gpu-tune: error: --selector {selector!r}: {matched}", file=sys.stderr)
+        return 1
     return report.exit_code
 
 

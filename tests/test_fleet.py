@@ -171,10 +171,18 @@ def test_selector_is_sent_to_the_server_and_all_ready_exits_0(fleet):
     # set-based selectors too (notin also matches nodes without the key, as kube-apiserver does)
     doc = json.loads(fleet_cli(kc, "-o", "json", "-l", "gpu-tune.io/profile notin (training),nvidia.com/gpu.present").stdout)
     assert doc["nodes_listed"] == 14 and {n["status"] for n in doc["nodes"]} == {NOT_REPORTING}  # 10 CPU nodes
-    # none matched is an empty fleet: exit 0 with a clear line
+    # a selector that matches no node (a typo, most often) is not "all ready": exit 1 and one line
     proc = fleet_cli(kc, "-l", "gpu-tune.io/profile in (inference)")
-    assert proc.returncode == 0, proc.stderr
+    assert proc.returncode == 1, proc.stderr
     assert proc.stdout.strip().startswith("no GPU nodes: none of the 0 nodes listed")
+    assert proc.stderr == "gpu-tune: error: --selector 'gpu-tune.io/profile in (inference)': no node matches it\n"
+    proc = fleet_cli(kc, "-o", "json", "-l", "nvidia.com/gpu.present=false")  # the CPU nodes
+    assert proc.returncode == 1 and json.loads(proc.stdout)["nodes"] == []
+    assert "match it, none a GPU node or running the agent" in proc.stderr
+    # the API server sees who asks
+    from agent import __version__
+
+    assert set(api.user_agents) == {f"gpu-tune/{__version__}"}
 
 
 @pytest.mark.slow
