@@ -281,7 +281,8 @@ class Agent:
         self._threads: list[threading.Thread] = []
         self._last_publish: Any = None
         self._facts: Any = None  # the latest facts read from the Node (a publish or a read)
-        self._node_was_ready: bool | None = None  # GPUHostReady as this agent first read it
+        self._node_was_ready: bool | None = None  # GPUHostReady=True as this agent first read it
+        self._node_condition_at_start: str | None = None
         self._mode_note: str | None = None
         self._revert: dict[str, Any] | None = None
 
@@ -441,7 +442,8 @@ class Agent:
     def _note_facts(self, facts: Any) -> None:
         self._facts = facts
         if self._node_was_ready is None:
-            self._node_was_ready = _field(facts, "condition_status") == "True"
+            self._node_condition_at_start = _field(facts, "condition_status")
+            self._node_was_ready = self._node_condition_at_start == "True"
 
     def effective_mode(self) -> str:
         """``--mode``, unless the Node's ``gpu-tune.io/mode`` label asks for one that writes less
@@ -457,11 +459,11 @@ class Agent:
             else:
                 note = (f"the Node's gpu-tune.io/mode={want} is ignored: it may only be one of "
                         f"{', '.join(NODE_MODES)}; keeping --mode {self.mode}")
-        if note != self._mode_note:
+        if note != self._mode_note:  # a deliberate override by a person: shown at the default level
             if note:
-                log.info("%s", note)
+                log.warning("%s", note)
             elif self._mode_note:
-                log.info("the Node's gpu-tune.io/mode label is gone: mode %s", self.mode)
+                log.warning("the Node's gpu-tune.io/mode label is gone: mode %s", self.mode)
             self._mode_note = note
         return mode
 
@@ -474,8 +476,8 @@ class Agent:
         ok, rows = (result if isinstance(result, tuple) else (bool(result), ()))
         docs = [as_doc(r) for r in rows or ()]
         restored = sum(1 for r in docs if r.get("status") == "ok")
-        if restored or not ok:
-            log.info("mode revert: %d original(s) restored, %d not", restored, len(docs) - restored)
+        if restored or not ok:  # the host changed (or could not be): worth a line at the default level
+            log.warning("mode revert: %d original(s) restored, %d not", restored, len(docs) - restored)
         prev = (self._revert or {}).get("restored_total", 0)
         self._revert = {"ok": bool(ok), "restored": restored, "restored_total": prev + restored, "settings": docs}
         return self._revert
@@ -495,7 +497,8 @@ class Agent:
         if self._node_was_ready and not final.ready:
             return False, ("the node was ready (GPUHostReady=True) when this agent started and this agent "
                            f"judges it not ready: {final.message()}")
-        was = {True: "ready", False: "not ready", None: "not read"}[self._node_was_ready]
+        was = ("the Node was not read" if self._node_was_ready is None else
+               f"GPUHostReady={self._node_condition_at_start or 'absent'}")
         return True, f"published; node {'ready' if final.ready else 'not ready'} (when this agent started: {was})"
 
     # -- the probe thread -----------------------------------------------------------------------

@@ -163,6 +163,9 @@ def test_second_start_on_a_steady_node_makes_zero_writes(api, kubeconfig, host):
     assert settle(second).verdict.ready
     second.run_pass()
     assert api.total_writes() == 0, api.bodies
+    from agent import __version__
+
+    assert set(api.user_agents) == {f"gpu-tune/{__version__}"}  # not the client generator's
     assert second.state.snapshot.probes[0]["result"]["regimes"]["launch_bound"]["images_per_second"] == 15000.0
 
 
