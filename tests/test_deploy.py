@@ -403,6 +403,16 @@ def test_container_command_line_is_accepted_by_the_cli(overlay):
     assert params["revert_on_exit"] is False, "a restart must not roll the node back"
 
 
+@pytest.mark.parametrize("overlay", OVERLAYS)
+def test_mode_is_args_10_as_docs_deploy_patch_it(overlay):
+    """docs/deploy.md takes the fleet back with a JSON patch of args/10 to `revert`."""
+    args = container(daemonset(overlay))["args"]
+    assert args[9] == "--mode" and args[10] in ("audit", "enforce")
+    patched = {**daemonset(overlay)}
+    container(patched)["args"][10] = "revert"
+    assert parse_container_cli(patched)["mode"] == "revert"
+
+
 def test_cli_check_rejects_a_flag_the_program_lacks():
     ds = daemonset("training")
     container(ds)["args"].append("--reconcile-period=30")
