@@ -270,15 +270,6 @@ def _put(labels: dict[str, str], key: str, value: Any) -> None:
         labels[key] = v
 
 
-def sig2(x: float) -> float | int:
-    """Two significant figures (41234.5 -> 41000, 0.01234 -> 0.012): a throughput that wobbles from
-    run to run keeps the same value."""
-    if x == 0:
-        return 0
-    r = float(f"{x:.2g}")
-    return int(r) if abs(r) >= 100 else r
-
-
 def stable_detail(detail: str) -> str:
     """A check's detail without the readings that move from pass to pass, at most
     :data:`MAX_SUMMARY_DETAIL` characters."""
