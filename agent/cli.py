@@ -44,6 +44,7 @@ class Backend(str, Enum):
 class Mode(str, Enum):
     audit = "audit"
     enforce = "enforce"
+    revert = "revert"
 
 
 class Device(str, Enum):
@@ -396,7 +397,8 @@ def serve_cmd(
     profile: ProfileOpt = "training",
     host: Annotated[str, typer.Option("--host", help="Listen address")] = "0.0.0.0",
     port: Annotated[int, typer.Option("--port", min=1, max=65535, help="Listen port")] = 9410,
-    mode: Annotated[Mode, typer.Option("--mode", case_sensitive=False, help="audit: read only; enforce: re-apply drift")] = Mode.audit,
+    mode: Annotated[Mode, typer.Option("--mode", case_sensitive=False, help="audit: read only; enforce: re-apply drift; revert: restore the recorded originals, "
+                                       "then stop enforcing (a Node label gpu-tune.io/mode=audit|revert overrides)")] = Mode.audit,
     interval: Annotated[float, typer.Option("--interval", min=1.0, metavar="S", help="Seconds between passes")] = 60.0,
     probe_interval: Annotated[Optional[float], typer.Option("--probe-interval", min=0.0, metavar="S",
                                                             help="Seconds between probes [default: the profile's]")] = None,
@@ -424,7 +426,7 @@ def serve_cmd(
 
 
 @command("fleet", help="Every GPU node's readiness as the agents published it, from the API server (read-only). "
-                        "Exit 0 all ready, 1 some not ready or not reporting.")
+                        "Exit 0 all ready, 1 some not ready or not reporting, or --selector matches no GPU node.")
 def fleet_cmd(
     g: Globals,
     selector: Annotated[Optional[str], typer.Option("--selector", "-l", metavar="S",
@@ -449,6 +451,12 @@ def fleet_cmd(
         _print_json(report.as_dict())
     else:
         sys.stdout.write(render_table(report))
+    if selector is not None and not report.nodes:
+        # a typo in a selector must not read as "every node ready" to a script
+        matched = (f"{len(listing.items)} node(s) match it, none a GPU node or running the agent"
+                   if listing.items else "no node matches it")
+        print(f"gpu-tune: error: --selector {selector!r}: {matched}", file=sys.stderr)
+        return 1
     return report.exit_code
 
 

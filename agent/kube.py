@@ -76,6 +76,11 @@ LIST_PAGE_SIZE = 500  # Nodes per page of a list call (kubectl's default chunk s
 
 # -- results ----------------------------------------------------------------------------------
 GPU_RESOURCE = "nvidia.com/gpu"  # the NVIDIA device plugin's extended resource
+# Labels others put on a Node that has NVIDIA GPUs: node-feature-discovery (PCI vendor 10de) and
+# the GPU Operator's feature discovery. Read, never written.
+GPU_PRESENT_LABELS = ("feature.node.kubernetes.io/pci-10de.present", "nvidia.com/gpu.present")
+# The label that overrides the agent's --mode on one Node (see agent/service.py, docs/deploy.md).
+MODE_LABEL = PREFIX + "mode"
 
 
 @dataclass(frozen=True)
@@ -96,6 +101,9 @@ class PublishResult:
     node_read: bool = False
     gpu_capacity: int | None = None
     gpu_allocatable: int | None = None
+    gpu_expected: tuple[str, ...] = ()
+    mode_request: str | None = None
+    condition_status: str | None = None
 
     def as_check(self) -> dict[str, Any]:
         return {"name": "publish", "ok": self.ok, "detail": self.detail}
@@ -103,7 +111,9 @@ class PublishResult:
     def as_dict(self) -> dict[str, Any]:
         return {"ok": self.ok, "detail": self.detail, "writes": self.writes, "reads": self.reads,
                 "changed": list(self.changed), "node_read": self.node_read,
-                "gpu_capacity": self.gpu_capacity, "gpu_allocatable": self.gpu_allocatable}
+                "gpu_capacity": self.gpu_capacity, "gpu_allocatable": self.gpu_allocatable,
+                "gpu_expected": list(self.gpu_expected), "mode_request": self.mode_request,
+                "condition_status": self.condition_status}
 
 
 def resource_count(node: dict[str, Any], where: str, resource: str = GPU_RESOURCE) -> int | None:
@@ -116,11 +126,24 @@ def resource_count(node: dict[str, Any], where: str, resource: str = GPU_RESOURC
     return int(text) if text.isdigit() else None
 
 
+def gpu_expected(node: dict[str, Any]) -> tuple[str, ...]:
+    """Why the Node says it has NVIDIA GPUs: NFD's or the GPU Operator's label set to ``true``,
+    or device-plugin capacity ``nvidia.com/gpu`` above 0 (empty: it says nothing of the kind)."""
+    labels = (node.get("metadata") or {}).get("labels") or {}
+    why = [f"label {k}=true" for k in GPU_PRESENT_LABELS if str(labels.get(k, "")).lower() == "true"]
+    cap = resource_count(node, "capacity")
+    if cap:
+        why.append(f"capacity {GPU_RESOURCE}={cap}")
+    return tuple(why)
+
+
 class Publisher(Protocol):
     enabled: bool
     node: str | None
 
     def publish(self, want: NodeWant, *, dry_run: bool = False) -> PublishResult: ...
+
+    def read(self) -> PublishResult: ...
 
     def describe(self) -> str: ...
 
@@ -138,6 +161,9 @@ class NullPublisher:
 
     def publish(self, want: NodeWant, *, dry_run: bool = False) -> PublishResult:
         return PublishResult(writes=0, changed=[], ok=True, detail=f"kubernetes publishing off: {self.reason}")
+
+    def read(self) -> PublishResult:
+        return self.publish(None)  # type: ignore[arg-type]
 
     def describe(self) -> str:
         return f"kubernetes: off ({self.reason})"
@@ -286,7 +312,11 @@ class CoreV1:
     def __init__(self, configuration: Any) -> None:
         from kubernetes import client
 
+        from . import __version__
+
         self.client = client.ApiClient(configuration)
+        # what the API server's audit log and metrics name the caller by (not the generator's)
+        self.client.user_agent = f"gpu-tune/{__version__}"
 
     def request(self, method: str, path: str, *, query: list[tuple[str, Any]] | None = None, body: Any = None,
                 content_type: str | None = None, timeout: Any = None) -> bytes:
@@ -330,13 +360,19 @@ class _Pass:
     writes: int = 0
     changed: list[str] = field(default_factory=list)
     node: dict[str, Any] | None = None  # the Node as last read this pass
+    first: dict[str, Any] | None = None  # the Node as first read this pass (before our writes)
 
     def result(self, ok: bool, detail: str) -> PublishResult:
         node = self.node
+        if node is None:
+            return PublishResult(writes=self.writes, changed=self.changed, ok=ok, detail=detail, reads=self.reads)
+        cond = find_condition(self.first or node)
+        mode = ((node.get("metadata") or {}).get("labels") or {}).get(MODE_LABEL)
         return PublishResult(writes=self.writes, changed=self.changed, ok=ok, detail=detail, reads=self.reads,
-                             node_read=node is not None,
-                             gpu_capacity=None if node is None else resource_count(node, "capacity"),
-                             gpu_allocatable=None if node is None else resource_count(node, "allocatable"))
+                             node_read=True, gpu_capacity=resource_count(node, "capacity"),
+                             gpu_allocatable=resource_count(node, "allocatable"), gpu_expected=gpu_expected(node),
+                             mode_request=str(mode) if mode is not None else None,
+                             condition_status=None if cond is None else str(cond.get("status")))
 
 
 def _api_message(exc: Any) -> str:
@@ -447,7 +483,23 @@ class KubePublisher:
             "GET", _node_path(self.node), timeout=self._timeout), write=False)
         self._node_cache = node
         ctx.node = node
+        if ctx.first is None:
+            ctx.first = node
         return node
+
+    def read(self) -> PublishResult:
+        """One read of the Node, no write: the facts a verdict needs before the first publish
+        (device-plugin capacity, the labels saying the node has GPUs, the mode label, the
+        condition as the previous agent left it)."""
+        with self._lock:
+            ctx = _Pass()
+            try:
+                self._read_node(ctx)
+                return ctx.result(True, f"node {self.node} read")
+            except _Failed as f:
+                return ctx.result(False, f.detail)
+            except Exception as exc:  # noqa: BLE001 - a failed read is a value
+                return ctx.result(False, f"unexpected {type(exc).__name__}: {_first_line(exc)}")
 
     # -- one pass ----------------------------------------------------------------------------
     def publish(self, want: NodeWant, *, dry_run: bool = False) -> PublishResult:

@@ -122,6 +122,7 @@ class KubeAPIServer:
         self.conflict_first_try = False
         self.latency_s = 0.0
         self.list_calls: list[dict[str, str]] = []  # the query of every GET /api/v1/nodes
+        self.user_agents: Counter[str] = Counter()  # User-Agent header of every request
         self._list_generation = 0
         self._rules: list[FailRule] = []
         self._first_try_seen: set[tuple[str, str]] = set()
@@ -551,6 +552,8 @@ class _Handler(BaseHTTPRequestHandler):
     def _serve(self) -> None:
         length = int(self.headers.get("Content-Length") or 0)
         body = self.rfile.read(length) if length else b""
+        with self.api._lock:
+            self.api.user_agents[self.headers.get("User-Agent") or ""] += 1
         code, doc, headers = self.api.handle(self.command, self.path, self.headers.get("Content-Type", ""),
                                              body, self.headers.get("Authorization"))
         data = json.dumps(doc).encode()

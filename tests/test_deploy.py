@@ -246,7 +246,9 @@ def test_daemonset_common_shape(overlay):
     assert {"operator": "Exists"} in pod["tolerations"]
     assert c["securityContext"]["privileged"] is True
     assert c["livenessProbe"]["httpGet"]["path"] == "/healthz"
-    assert c["readinessProbe"]["httpGet"]["path"] == "/readiness"
+    # the pod's readiness is the agent's (/agent-ready), not the node's verdict (/readiness):
+    # a rollout in audit mode goes on across untuned nodes (docs/deploy.md)
+    assert c["readinessProbe"]["httpGet"]["path"] == "/agent-ready"
     (port,) = c["ports"]
     assert port["containerPort"] == 9410 and port["hostPort"] == 9410
     assert {c["livenessProbe"]["httpGet"]["port"], c["readinessProbe"]["httpGet"]["port"]} == {port["name"]}
@@ -270,11 +272,18 @@ def test_daemonset_common_shape(overlay):
     assert policy_dir in m and m[policy_dir]["hostPath"] is None
 
 
-def test_audit_overlay_changes_nothing_on_the_host():
-    ds = daemonset("audit")
+@pytest.mark.parametrize("overlay", ["audit", "minikube"])
+def test_audit_overlay_changes_nothing_on_the_host(overlay):
+    ds = daemonset(overlay)
+    writable = {}
     for path, m in mounts(ds).items():
-        if m["hostPath"] is not None:
-            assert m["readOnly"], f"{path} is writable in the audit overlay"
+        if m["hostPath"] is not None and not m["readOnly"]:
+            writable[path] = (m["hostPath"], m["type"])
+    # the one writable host folder: the probe's saved verdicts, so that `gpu-tune label` in the pod
+    # sees the probe that passed (no kernel file, no /etc)
+    assert writable == {"/host/var/lib/gpu-tune": ("/var/lib/gpu-tune", "DirectoryOrCreate")}
+    for path, m in mounts(ds).items():
+        if m["hostPath"] is not None and path != "/host/var/lib/gpu-tune":
             assert m["type"] != "DirectoryOrCreate", f"{path} would be created on the host"
     assert parse_container_cli(ds)["mode"] == "audit"
 
@@ -392,6 +401,16 @@ def test_container_command_line_is_accepted_by_the_cli(overlay):
     assert params["g_root"] == "/host"
     assert params["profile"] == env_of(ds)["GPU_TUNE_PROFILE"]["value"]
     assert params["revert_on_exit"] is False, "a restart must not roll the node back"
+
+
+@pytest.mark.parametrize("overlay", OVERLAYS)
+def test_mode_is_args_10_as_docs_deploy_patch_it(overlay):
+    """docs/deploy.md takes the fleet back with a JSON patch of args/10 to `revert`."""
+    args = container(daemonset(overlay))["args"]
+    assert args[9] == "--mode" and args[10] in ("audit", "enforce")
+    patched = {**daemonset(overlay)}
+    container(patched)["args"][10] = "revert"
+    assert parse_container_cli(patched)["mode"] == "revert"
 
 
 def test_cli_check_rejects_a_flag_the_program_lacks():

@@ -425,10 +425,11 @@ def test_summary_annotation_published_once_and_steady_passes_write_nothing(api, 
     pub = _pub(kubeconfig)
     assert pub.publish(_want_with_summary()).ok
     summary = json.loads(api.node("gpu-1")["metadata"]["annotations"]["gpu-tune.io/summary"])
-    assert summary["drift"] == 5 and summary["probe"]["0"]["device_bound"] == 99000
+    assert summary["drift"] == 5 and summary["probe"]["0"]["fingerprint"] == "3f2a9c1d"
+    assert "device_bound" not in summary["probe"]["0"]  # images/s vary run to run: metrics and /probe only
     # the next passes: the GPU warmer and busier, the probe re-run a little slower: nothing to write
     api.reset_counts()
-    for temp, util, launch in ((92.0, 88.0, 41100.0), (95.5, 97.0, 40700.0)):
+    for temp, util, launch in ((92.0, 88.0, 9800.0), (95.5, 97.0, 15000.0)):
         r = pub.publish(_want_with_summary(temp=temp, util=util, launch=launch))
         assert r.ok and r.writes == 0, r.changed
     assert api.total_writes() == 0
