@@ -200,6 +200,10 @@ def _fail(exc: BaseException, code: int, verbose: bool, unexpected: bool = False
 
         traceback.print_exception(exc, file=sys.stderr)
     msg = str(exc) or type(exc).__name__
+    # One line, whatever the input echoed back held: newlines shown as \n, and not a whole file.
+    msg = msg.replace("\r", "\\r").replace("\n", "\\n")
+    if len(msg) > 1000:
+        msg = msg[:1000] + "..."
     if unexpected:
         msg = f"unexpected error: {type(exc).__name__}: {msg} (run with -v for the traceback)"
     print(f"gpu-tune: error: {msg}", file=sys.stderr)
