@@ -459,7 +459,11 @@ def load_profile(name: str, policy_dir: str | os.PathLike[str] | None = None) ->
     if not pdir.is_dir():
         raise InputError(f"--policy-dir {pdir}: no such directory")
     path = pdir / f"{name}.yaml"
-    if name.startswith("_") or name in NOT_PROFILES or not path.is_file():
+    try:
+        is_file = path.is_file()
+    except OSError as exc:  # a folder the user cannot search
+        raise InputError(f"--policy-dir {pdir}: {exc.strerror or exc}") from None
+    if name.startswith("_") or name in NOT_PROFILES or not is_file:
         known = ", ".join(list_profile_names(pdir)) or "none"
         raise InputError(f"unknown profile {name!r} in {pdir} (known: {known})")
     data = _resolve(path, pdir, ())

@@ -320,27 +320,32 @@ def test_the_real_process_on_the_worst_inputs(world):
 
 
 @pytest.mark.slow
-def test_a_root_that_cannot_be_read(world, tmp_path):
-    """PermissionError on --root is bad input. As root, drop the capabilities that bypass modes."""
+def test_a_root_or_policy_dir_that_cannot_be_read(world, tmp_path):
+    """PermissionError on --root or --policy-dir is bad input. As root, drop the capabilities that bypass modes."""
     import subprocess
     import sys
 
     locked = tmp_path / "locked"
     shutil.copytree(world.root, locked, symlinks=True)
     os.chmod(locked, 0o000)
+    os.chmod(world.pol, 0o000)
     try:
-        cmd = [sys.executable, "-m", "agent.cli", "audit", "--root", str(locked), "--gpu-backend", "none"]
+        prefix = []
         if os.geteuid() == 0:
             setpriv = shutil.which("setpriv")
             if not setpriv:
                 pytest.skip("running as root without setpriv: cannot lose CAP_DAC_OVERRIDE")
             drop = "-dac_override,-dac_read_search"
-            cmd = [setpriv, f"--bounding-set={drop}", f"--inh-caps={drop}", *cmd]
+            prefix = [setpriv, f"--bounding-set={drop}", f"--inh-caps={drop}"]
         env = {k: v for k, v in os.environ.items() if not k.startswith("GPU_TUNE_")}
-        p = subprocess.run(cmd, capture_output=True, text=True, env={**env, "PYTHONPATH": str(REPO)}, timeout=120)
-        assert_bad_input(p.returncode, p.stderr, str(locked), "Permission denied")
+        for args, where in ((["--root", str(locked)], str(locked)),
+                            (["--root", str(world.root), "--policy-dir", str(world.pol)], str(world.pol))):
+            cmd = [*prefix, sys.executable, "-m", "agent.cli", "audit", *args, "--gpu-backend", "none"]
+            p = subprocess.run(cmd, capture_output=True, text=True, env={**env, "PYTHONPATH": str(REPO)}, timeout=120)
+            assert_bad_input(p.returncode, p.stderr, where, "Permission denied")
     finally:
         os.chmod(locked, 0o755)
+        os.chmod(world.pol, 0o755)
 
 
 # -- host files: a huge CPU list is a row, never an allocation ----------------------------------------
