@@ -386,7 +386,7 @@ def test_cpu_lists_are_bounded_by_the_kernels_limit():
         t0 = time.monotonic()
         with pytest.raises(ParseError):
             parse_cpulist(bad)
-        assert time.monotonic() - t0 < 0.5, bad
+        assert time.monotonic() - t0 < 2, bad
     assert parse_cpumask("1" + "0" * 2047) == frozenset({8188})
     with pytest.raises(ParseError):
         parse_cpumask("1" + "0" * 2048)  # bit 8192
@@ -412,7 +412,7 @@ def test_fuzz_cpu_lists_parse_or_raise_parse_error_quickly(text):
         pass
     else:
         assert all(0 <= c <= MAX_CPU for c in cpus)
-    assert time.monotonic() - t0 < 0.5
+    assert time.monotonic() - t0 < 2
 
 
 _scalar = st.one_of(st.none(), st.booleans(), st.integers(-(2**70), 2**70), st.floats(allow_nan=True, allow_infinity=True),
