@@ -145,7 +145,7 @@ def command(name: str, help: str, **settings):
 
 
 def _check_root(root: str) -> None:
-    """``--root`` (or GPU_TUNE_ROOT) must name a directory this process can list: an empty value
+    """``--root`` (or GPU_TUNE_ROOT) must name a directory this process can search: an empty value
     would mean the working directory (or, from ``/``, the real host) and is refused."""
     if not root.strip():
         raise InputError("--root '' (or GPU_TUNE_ROOT=''): empty; give the host root, e.g. --root / or --root /host")
