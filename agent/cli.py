@@ -10,6 +10,7 @@ import functools
 import inspect
 import json
 import logging
+import math
 import os
 import sys
 from dataclasses import dataclass
@@ -124,6 +125,7 @@ def command(name: str, help: str, **settings):
             g = _merge_globals(ctx, kw)
             _setup_logging(g.verbose)
             try:
+                _check_inputs(g, kw, _root_on_command_line(ctx))
                 code = fn(g=g, **kw)
             except GpuTuneError as exc:
                 _fail(exc, exc.exit_code, g.verbose)
@@ -143,6 +145,49 @@ def command(name: str, help: str, **settings):
     return deco
 
 
+def _check_root(root: str) -> None:
+    """``--root`` (or GPU_TUNE_ROOT) must name a directory this process can search: an empty value
+    would mean the working directory (or, from ``/``, the real host) and is refused."""
+    if not root.strip():
+        raise InputError("--root '' (or GPU_TUNE_ROOT=''): empty; give the host root, e.g. --root / or --root /host")
+    try:
+        st = os.stat(root)
+    except FileNotFoundError:
+        raise InputError(f"--root {root}: no such directory") from None
+    except OSError as exc:
+        raise InputError(f"--root {root}: {exc.strerror or exc}") from None
+    import stat as _stat
+
+    if not _stat.S_ISDIR(st.st_mode):
+        raise InputError(f"--root {root}: not a directory")
+    for sub in ("proc", "sys"):  # needs search (x) permission on the root, as every read does
+        try:
+            os.stat(os.path.join(root, sub))
+        except FileNotFoundError:
+            pass  # HostFS says which are missing
+        except OSError as exc:
+            raise InputError(f"--root {root}: cannot read under it: {sub}/: {exc.strerror or exc}") from None
+
+
+def _root_on_command_line(ctx: typer.Context) -> bool:
+    sources = [ctx.get_parameter_source("g_root")]
+    if ctx.parent is not None:
+        sources.append(ctx.parent.get_parameter_source("root"))
+    return any(getattr(s, "name", "") == "COMMANDLINE" for s in sources)
+
+
+def _check_inputs(g: Globals, kw: dict[str, Any], root_given: bool = False) -> None:
+    """Checks every command shares: the root, and finite numbers in every float option."""
+    # click reads an empty variable as unset, which would mean / (the real host): refuse it.
+    if g.root == "" or (os.environ.get("GPU_TUNE_ROOT") == "" and not root_given):
+        _check_root("")
+    if g.root != "/":
+        _check_root(g.root)
+    for name, val in kw.items():
+        if isinstance(val, float) and not math.isfinite(val):
+            raise InputError(f"--{name.replace('_', '-')} {val}: expected a finite number")
+
+
 def _setup_logging(verbose: bool) -> None:
     if logging.getLogger().handlers:
         return
@@ -156,6 +201,10 @@ def _fail(exc: BaseException, code: int, verbose: bool, unexpected: bool = False
 
         traceback.print_exception(exc, file=sys.stderr)
     msg = str(exc) or type(exc).__name__
+    # One line, whatever the input echoed back held: newlines shown as \n, and not a whole file.
+    msg = msg.replace("\r", "\\r").replace("\n", "\\n")
+    if len(msg) > 1000:
+        msg = msg[:1000] + "..."
     if unexpected:
         msg = f"unexpected error: {type(exc).__name__}: {msg} (run with -v for the traceback)"
     print(f"gpu-tune: error: {msg}", file=sys.stderr)
@@ -181,7 +230,7 @@ def _main(
                                           callback=lambda v: _version(v))] = False,
 ) -> None:
     ctx.obj = Globals(
-        root=root or "/",
+        root="/" if root is None else root,
         gpu_backend=(gpu_backend.value if gpu_backend else "auto"),
         gpu_fixture=gpu_fixture,
         policy_dir=policy_dir,
@@ -201,6 +250,20 @@ def _profile(g: Globals, name: str):
     from .policy import load_profile
 
     return load_profile(name, g.policy_dir)
+
+
+def _check_journal(fs) -> None:
+    """A journal this tool did not write is bad input: exit 2 before the lock is taken or
+    anything is written. (An unreadable file is left to apply/revert to report.)"""
+    from .errors import HostError
+    from .journal import Journal, JournalError
+
+    try:
+        Journal(fs).load()
+    except JournalError:
+        raise
+    except HostError:
+        pass
 
 
 def _gpu(g: Globals):
@@ -272,6 +335,8 @@ def apply_cmd(
 
     prof = _profile(g, profile)
     fs = _fs(g)
+    if not dry_run:
+        _check_journal(fs)
     report = apply(make_context(fs, prof, _gpu(g)), dry=dry_run)
     title = f"apply{' --dry-run' if dry_run else ''}: profile {prof.name} on {fs.root}"
     _emit_report(g, report, title, show_changed=True)
@@ -285,6 +350,7 @@ def revert_cmd(g: Globals) -> int:
     from .engine import Context, revert
 
     fs = _fs(g)
+    _check_journal(fs)
     gpu = None
     try:
         gpu = _gpu(g)

@@ -154,7 +154,7 @@ def sanitize_label_value(s: Any) -> str:
 
 
 def is_valid_label_value(s: str) -> bool:
-    return len(s) <= MAX_LABEL_VALUE and bool(LABEL_VALUE_RE.match(s))
+    return len(s) <= MAX_LABEL_VALUE and bool(LABEL_VALUE_RE.fullmatch(s))
 
 
 def _node_of(g: dict[str, Any]) -> int | None:
@@ -207,7 +207,7 @@ def gpu_numa_map(gpus: Iterable[dict[str, Any]]) -> str:
 def _condition_reason(reason: str, ready: bool) -> str:
     """CamelCase reason as Kubernetes conditions use (``probe failed`` -> ``ProbeFailed``)."""
     reason = (reason or "").strip()
-    if reason and REASON_RE.match(reason):
+    if reason and REASON_RE.fullmatch(reason):
         return reason[:128]
     words = re.findall(r"[A-Za-z0-9]+", reason)
     camel = "".join(w[:1].upper() + w[1:] for w in words)
