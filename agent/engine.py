@@ -57,7 +57,18 @@ def audit(ctx: Context, knobs: Sequence[Knob] = KNOBS) -> Report:
         except (GpuTuneError, GpuError, OSError, ValueError) as exc:
             # one family failing to read is a row, not a failed audit
             rows.append(Setting(knob.error_id or knob.family, "-", None, "", "error", f"cannot read: {exc}"))
-    return Report(ctx.profile.name, tuple(rows))
+    return Report(ctx.profile.name, tuple(_planted_link(ctx, r) for r in rows))
+
+
+def _planted_link(ctx: Context, row: Setting) -> Setting:
+    """A kernel file that is missing only because a symlink in its place leads outside the root
+    (followed beneath it, to nothing) is not a knob this kernel lacks: an ``error`` naming it."""
+    if row.status != "unsupported" or not row.path:
+        return row
+    link = ctx.fs.escape(row.path)
+    if link is None:
+        return row
+    return row.with_(status="error", detail=f"{row.path}: {link}; beneath the root it leads to no file")
 
 
 def plan(rows: Iterable[Setting], only: Collection[tuple[str, str]] | None = None) -> tuple[Setting, ...]:

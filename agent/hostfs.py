@@ -362,6 +362,14 @@ class HostFS:
             return os.path.realpath("/" + rel)
         return "/" + "/".join(self._walker.resolve(rel))
 
+    def escape(self, host_path: str) -> str | None:
+        """Where a symlink on the way to ``host_path`` leads outside the root by its own text
+        (an absolute link, or '..' above the root): that link in words; else None."""
+        if self._plain:
+            return None
+        esc = self._walker.escape(self._rel(host_path))
+        return None if esc is None else f"the symlink {esc.link} -> {esc.target} leads outside --root {self.root}"
+
     def _open(self, rel: str, flags: int, mode: int = 0, *, write: bool = False) -> int:
         """A descriptor for ``rel`` resolved beneath the root; writes only through links that
         stay beneath it. Raises OSError (:class:`Escape` where a link leads outside)."""
@@ -385,11 +393,9 @@ class HostFS:
         if exc.errno == errno.EISDIR:
             return HostError(f"{host_path}: is a directory, expected a file", exc.errno)
         msg = f"{what}{host_path}: {_reason(exc)}"
-        if not self._plain:
-            esc = self._walker.escape(self._rel(host_path))
-            if esc is not None:
-                msg += (f" (the symlink {esc.link} -> {esc.target} leads outside --root {self.root}; "
-                        "it is followed beneath the root)")
+        esc = self.escape(host_path)
+        if esc is not None:
+            msg += f" ({esc}; it is followed beneath the root)"
         return HostError(msg, exc.errno)
 
     # -- reading ---------------------------------------------------------------------------
