@@ -302,11 +302,8 @@ def revert_cmd(g: Globals) -> int:
             c.print(settings_table(f"revert on {fs.root}", rows, show_changed=True))
             journal = next((r for r in rows if r.id == "journal" and r.status == "error"), None)
             if journal is not None:
-                from rich.markup import escape
-
-                c.print(f"[red]{escape(journal.detail)}[/]")
-                c.print("[red]the journal could not be updated: it keeps every original; "
-                        "run gpu-tune revert again once that is fixed[/]")
+                c.print("[red]the journal could not be updated: it keeps every original; run gpu-tune "
+                        "revert again once the cause is fixed[/]")
             else:
                 c.print("[green]all originals restored[/]" if ok else "[red]some originals could not be restored (kept in the journal)[/]")
     return 0 if ok else 1

@@ -236,7 +236,7 @@ def revert(ctx: Context, *, lock_timeout: float | None = None) -> tuple[bool, tu
                 journal.remove(sid, target)
                 dirty = True
                 rows.append(Setting(sid, target, str(original), str(original), "ok",
-                                    "unchanged: the original was never overwritten", entry.get("path"),
+                                    "the original is in place: nothing to write", entry.get("path"),
                                     changed=False))
                 continue
             try:
@@ -259,8 +259,7 @@ def revert(ctx: Context, *, lock_timeout: float | None = None) -> tuple[bool, tu
             except HostError as exc:
                 done = sum(1 for r in rows if r.status == "ok")
                 rows.append(Setting("journal", "-", None, "", "error",
-                                    f"cannot update the journal: {exc}; it is kept as it was, with all "
-                                    f"{len(journal.entries) + done} originals: run revert again once this "
-                                    f"is fixed ({done} restored above will be found in place)", JOURNAL))
+                                    f"cannot update the journal: {exc}; it keeps all "
+                                    f"{len(journal.entries) + done} originals for the next revert", JOURNAL))
     ok = all(r.status == "ok" for r in rows)
     return ok, tuple(rows)

@@ -504,7 +504,7 @@ class HostFS:
         """Write raw bytes into an existing regular file (restoring a fixture byte-for-byte)."""
         self._write_into(host_path, data, "")
 
-    def _dir_for_write(self, host_dir: str, *, create: bool) -> int:
+    def _dir_for_write(self, host_dir: str, *, create: bool, for_path: str = "") -> int:
         """An ``O_RDONLY|O_DIRECTORY`` descriptor of ``host_dir`` resolved beneath the root
         for writing, its missing folders created (0755) when ``create``. Raises HostError."""
         rel = self._rel(host_dir)
@@ -516,7 +516,7 @@ class HostFS:
             if not create:
                 raise
         except OSError as exc:
-            raise self._error(host_dir, exc, write=True) from None
+            raise self._error(for_path or host_dir, exc, write=True) from None
         # create the missing folders one level at a time, each beneath the root
         for i in range(1, len(parts) + 1):
             here = "/".join(parts[:i])
@@ -551,7 +551,7 @@ class HostFS:
         if not rel:
             raise HostError(f"{host_path}: not a file")
         parent, _, name = rel.rpartition("/")
-        dfd = self._dir_for_write("/" + parent, create=True)
+        dfd = self._dir_for_write("/" + parent, create=True, for_path=host_path)
         tmp = ""
         try:
             try:
@@ -600,7 +600,7 @@ class HostFS:
         root. The caller closes it. Raises HostError."""
         rel = self._rel(host_path)
         parent = rel.rpartition("/")[0]
-        os.close(self._dir_for_write("/" + parent, create=True))
+        os.close(self._dir_for_write("/" + parent, create=True, for_path=host_path))
         try:
             return self._open(rel, os.O_RDWR | os.O_CREAT, 0o600, write=True)
         except OSError as exc:
@@ -611,7 +611,7 @@ class HostFS:
         rel = self._rel(host_path)
         parent, _, name = rel.rpartition("/")
         try:
-            dfd = self._dir_for_write("/" + parent, create=False)
+            dfd = self._dir_for_write("/" + parent, create=False, for_path=host_path)
         except FileNotFoundError:
             return
         try:

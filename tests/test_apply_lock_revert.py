@@ -176,7 +176,7 @@ def test_revert_skips_an_original_still_in_place(make_host, monkeypatch):
     _refuse_writes_to(monkeypatch, "/proc/sys/vm/swappiness")
     ok, rows = engine.revert(Context(fs=HostFS(root), profile=None))
     assert ok and [(r.id, r.status, r.changed) for r in rows] == [("sysctl.vm.swappiness", "ok", False)]
-    assert "never overwritten" in rows[0].detail
+    assert "the original is in place" in rows[0].detail
     assert Journal(HostFS(root)).load().entries == []
 
 
@@ -224,7 +224,7 @@ def test_enospc_during_revert_says_what_was_restored_and_keeps_the_journal(make_
     *restored, last = rows
     assert len(restored) == n and all(r.status == "ok" and r.detail == "restored" for r in restored)
     assert last.id == "journal" and last.status == "error" and "ENOSPC" in last.detail
-    assert f"all {n} originals" in last.detail and "run revert again" in last.detail
+    assert f"keeps all {n} originals for the next revert" in last.detail
     assert snapshot_tree(root) == before  # every file is back
     assert (root / JOURNAL.lstrip("/")).read_bytes() == journal  # kept whole for the retry
     # once there is space, the retry finds every original in place and empties the journal
