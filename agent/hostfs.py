@@ -126,20 +126,22 @@ class Openat2Resolver:
         # Probe once: seccomp profiles of older container runtimes answer ENOSYS or EPERM.
         os.close(self.open("", os.O_RDONLY | os.O_DIRECTORY))
 
-    def _how(self, flags: int, mode: int, beneath: bool) -> int:
+    def _how(self, flags: int, mode: int, beneath: bool) -> _OpenHow:
         key = (flags, mode, beneath)
         how = self._hows.get(key)
         if how is None:
-            how = self._hows[key] = _OpenHow(flags | _O_CLOEXEC, mode if flags & os.O_CREAT else 0,
-                                             RESOLVE_NO_MAGICLINKS | (RESOLVE_BENEATH if beneath else RESOLVE_IN_ROOT))
-        return ctypes.addressof(how)
+            how = self._hows.setdefault(key, _OpenHow(
+                flags | _O_CLOEXEC, mode if flags & os.O_CREAT else 0,
+                RESOLVE_NO_MAGICLINKS | (RESOLVE_BENEATH if beneath else RESOLVE_IN_ROOT)))
+        return how
 
     def open(self, rel: str, flags: int, mode: int = 0, *, beneath: bool = False) -> int:
-        how = self._how(flags, mode, beneath)
-        path = rel.encode() if rel else b"."
+        how = self._how(flags, mode, beneath)  # held here while the kernel reads it
+        addr = ctypes.addressof(how)
+        path = os.fsencode(rel) if rel else b"."
         err = 0
         for _ in range(16):  # EAGAIN: a concurrent rename or mount moved a '..' step; retry
-            fd = self._syscall(_SYS_OPENAT2, self.root_fd, path, how, 24)
+            fd = self._syscall(_SYS_OPENAT2, self.root_fd, path, addr, 24)
             if fd >= 0:
                 return fd
             err = ctypes.get_errno()
