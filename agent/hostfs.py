@@ -23,6 +23,7 @@ from __future__ import annotations
 
 import ctypes
 import errno
+import logging
 import os
 import platform
 import stat
@@ -311,13 +312,18 @@ class HostFS:
         self._root_fd = os.open(self.root, _O_PATH | os.O_DIRECTORY | _O_CLOEXEC)
         self._walker = WalkResolver(self._root_fd)
         self._resolve: Openat2Resolver | WalkResolver = self._walker
+        why = "GPU_TUNE_RESOLVER=walk"
         if choice != "walk":
             try:
                 self._resolve = Openat2Resolver(self._root_fd)
+                why = "the kernel has openat2"
             except OSError as exc:
                 if choice == "openat2":
                     raise InputError(f"openat2 is not available here: {_reason(exc)}") from None
+                why = f"openat2 is not available ({_reason(exc)})"
         self.resolver = self._resolve.name
+        logging.getLogger("gpu_tune").debug("host paths resolve beneath %s with %s: %s", self.root,
+                                            self.resolver, why)
 
     def __del__(self) -> None:
         fd = getattr(self, "_root_fd", -1)

@@ -260,3 +260,22 @@ def test_kernel_files_are_told_from_regular_files(tree, resolver):
     if Path("/proc/self/stat").exists():
         os.symlink("/proc", root / "realproc")  # means <root>/proc beneath the root: a plain folder
         assert not fs.is_kernel_file("/realproc/sys/vm/swappiness")
+
+
+@pytest.mark.parametrize("code", [errno.ENOSYS, errno.EPERM])
+def test_auto_falls_back_to_the_walk_without_openat2(tree, monkeypatch, code):
+    """An old kernel (ENOSYS) or a seccomp profile that refuses openat2 (EPERM): the walk."""
+    import agent.hostfs as hostfs
+
+    root, _ = tree
+
+    def refused(self, root_fd):
+        raise OSError(code, os.strerror(code))
+
+    monkeypatch.setattr(hostfs.Openat2Resolver, "__init__", refused)
+    fs = HostFS(root)
+    assert fs.resolver == "walk"
+    assert fs.read_value("/etc/abs") == "TWIN" and fs.read_value("/proc/sys/vm/swappiness") == "CLAMPED"
+    from agent.errors import InputError
+    with pytest.raises(InputError, match="openat2 is not available"):
+        HostFS(root, resolver="openat2")
