@@ -266,3 +266,25 @@ def test_a_restore_that_fails_is_a_row_and_keeps_its_entry(make_host, monkeypatc
     assert [(r.id, r.status) for r in bad] == [("sysctl.vm.swappiness", "error")]
     assert "not restored" in bad[0].detail and "ENOSPC" in bad[0].detail
     assert [e["id"] for e in Journal(HostFS(root)).load().entries] == ["sysctl.vm.swappiness"]
+
+
+def test_a_created_file_that_failed_leaves_no_folder_behind(make_host, monkeypatch):
+    """allocator.env could not be written after its folder was made: the folder is removed by
+    revert, the file's absent original is not 'in place' while the folder stays."""
+    root = make_host("link-degraded")
+    real = HostFS.write_file_atomic
+
+    def write_file_atomic(self, host_path, data, mode=0o644):
+        if host_path == "/etc/gpu-tune/allocator.env":
+            (root / "etc/gpu-tune").mkdir(parents=True, exist_ok=True)
+            raise HostError(f"{host_path}: No space left on device (ENOSPC)", errno.ENOSPC)
+        return real(self, host_path, data, mode)
+
+    monkeypatch.setattr(HostFS, "write_file_atomic", write_file_atomic)
+    before = snapshot_tree(root)
+    rep = engine.apply(engine.make_context(HostFS(root), load_profile("training"), None))
+    assert _rows(rep)[("allocator.preload", "host")].status == "error"
+    assert (root / "etc/gpu-tune").is_dir()
+    monkeypatch.setattr(HostFS, "write_file_atomic", real)
+    ok, _ = engine.revert(Context(fs=HostFS(root), profile=None))
+    assert ok and not (root / "etc/gpu-tune").exists() and snapshot_tree(root) == before

@@ -163,8 +163,8 @@ class Knob:
             path = f.get("path")
             if not path:
                 return False
-            if f.get("absent"):
-                if ctx.fs.exists(path):
+            if f.get("absent"):  # and so must the folders made for it
+                if any(ctx.fs.exists(p) for p in [path, *(f.get("created_dirs") or [])]):
                     return False
                 continue
             try:
