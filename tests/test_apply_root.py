@@ -14,6 +14,7 @@ import pytest
 from agent import engine
 from agent.gpu import select_backend
 from agent.hostfs import HostFS
+from agent.journal import Journal
 from agent.knobs.base import Context
 from agent.policy import load_profile
 from tests.conftest import jdoc, snapshot_tree
@@ -166,3 +167,18 @@ def test_cli_apply_names_the_link_and_revert_restores_the_rest(make_host, tmp_pa
     assert "sysctl.vm.swappiness" not in {x["id"] for x in jdoc(r)["settings"]}  # never written: nothing to restore
     assert (root / "sys/kernel/mm/transparent_hugepage/enabled").read_bytes() == thp
     assert _files(outside) == before
+
+
+def test_a_link_planted_after_apply_is_not_written_by_revert(host):
+    root, outside, backend = host
+    engine.apply(engine.make_context(HostFS(root), load_profile("training"), backend))
+    (outside / "swappiness").write_bytes(b"30\n")
+    (root / "proc/sys/vm/swappiness").unlink()
+    os.symlink(str(outside / "swappiness"), root / "proc/sys/vm/swappiness")
+    ok, rows = engine.revert(Context(fs=HostFS(root), profile=None, gpu=backend))
+    assert not ok
+    bad = [r for r in rows if r.status != "ok"]
+    assert [r.id for r in bad] == ["sysctl.vm.swappiness"]
+    assert "not restored" in bad[0].detail and "the symlink /proc/sys/vm/swappiness -> " in bad[0].detail
+    assert (outside / "swappiness").read_bytes() == b"30\n"
+    assert [e["id"] for e in Journal(HostFS(root)).load().entries] == ["sysctl.vm.swappiness"]  # kept
