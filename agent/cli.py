@@ -367,7 +367,12 @@ def revert_cmd(g: Globals) -> int:
             from .render import settings_table
 
             c.print(settings_table(f"revert on {fs.root}", rows, show_changed=True))
-            c.print("[green]all originals restored[/]" if ok else "[red]some originals could not be restored (kept in the journal)[/]")
+            journal = next((r for r in rows if r.id == "journal" and r.status == "error"), None)
+            if journal is not None:
+                c.print("[red]the journal could not be updated: it keeps every original; run gpu-tune "
+                        "revert again once the cause is fixed[/]")
+            else:
+                c.print("[green]all originals restored[/]" if ok else "[red]some originals could not be restored (kept in the journal)[/]")
     return 0 if ok else 1
 
 

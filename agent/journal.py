@@ -150,15 +150,14 @@ class Journal:
         return sorted(self.entries, key=lambda e: int(e.get("seq", 0)), reverse=True)
 
 
-@contextmanager
-def locked(fs: HostFS, timeout: float = 30.0) -> Iterator[None]:
-    """Hold the apply/revert lock; wait up to ``timeout`` seconds, then raise :class:`LockBusy`."""
-    path = fs.path(LOCK)
+def acquire(fs: HostFS, timeout: float = 30.0) -> int:
+    """Take the apply/revert lock: a descriptor of ``<root>/var/lib/gpu-tune/lock`` holding an
+    exclusive flock (closing it releases the lock). Waits up to ``timeout`` seconds, then raises
+    :class:`LockBusy`; :class:`HostError` when the lock file cannot be created."""
     try:
-        path.parent.mkdir(parents=True, exist_ok=True)
-        fd = os.open(path, os.O_RDWR | os.O_CREAT, 0o600)
-    except OSError as exc:
-        raise HostError(f"{STATE_DIR}: cannot take the apply/revert lock: {exc.strerror}", exc.errno) from None
+        fd = fs.open_lock_file(LOCK)
+    except HostError as exc:
+        raise HostError(f"cannot take the apply/revert lock: {exc}", exc.errno) from None
     try:
         deadline = time.monotonic() + timeout
         while True:
@@ -183,6 +182,22 @@ def locked(fs: HostFS, timeout: float = 30.0) -> Iterator[None]:
             os.pwrite(fd, str(os.getpid()).encode(), 0)
         except OSError:
             pass
+    except BaseException:
+        os.close(fd)
+        raise
+    return fd
+
+
+def release(fd: int) -> None:
+    """Let go of the lock taken by :func:`acquire`."""
+    os.close(fd)  # closing the descriptor releases the flock
+
+
+@contextmanager
+def locked(fs: HostFS, timeout: float = 30.0) -> Iterator[None]:
+    """Hold the apply/revert lock; wait up to ``timeout`` seconds, then raise :class:`LockBusy`."""
+    fd = acquire(fs, timeout)
+    try:
         yield
     finally:
-        os.close(fd)  # closing the descriptor releases the flock
+        release(fd)
