@@ -1,0 +1,221 @@
+"""The agent's HTTP server: uvicorn with httptools, bounded against hostile clients.
+
+uvicorn's httptools protocol has no limit on a request's size before its headers are complete
+(httptools joins each header value with ``bytes +=``, uvicorn the URL) and no deadline for a
+request to arrive: a client sending a 100 MB header value grows the process by hundreds of MB,
+and a client sending one header line every few seconds holds a connection, and a descriptor,
+for as long as it likes. :class:`GuardedHttpToolsProtocol` adds three bounds, all checked on
+the event loop before any application code runs:
+
+* **head size** (``MAX_HEAD_BYTES``, 16 KiB for the request line and every header together, as
+  Node.js's default): the bytes are counted as they arrive and fed to the parser in slices, so
+  the parser never holds more than the cap; past it the client gets ``431 Request Header Fields
+  Too Large`` and the connection is closed. The agent's clients (kubelet probes, Prometheus,
+  curl) send well under 1 KiB. A head that starts in the same read as the end of a previous
+  pipelined request is counted from the next read on, so it is refused at twice the cap at most.
+* **request deadline** (``REQUEST_TIMEOUT_S``, 5 s, as Go's ``ReadHeaderTimeout`` is commonly
+  set): from the moment a connection opens, or the first byte of a request on a kept-alive one,
+  until the whole request (head and body) has arrived. A connection that is still sending gets
+  ``408 Request Timeout`` and is closed; one that sent nothing is closed. Idle kept-alive
+  connections are closed by uvicorn's own keep-alive timeout (5 s).
+* **connections** (:func:`connection_limit`: at most 1,024, and 256 fewer than the process's
+  descriptor limit, so the agent's own files, sockets and probe pipes always have descriptors):
+  when the table is full, a new connection evicts the one that has waited longest for a request
+  to arrive; only when every connection is busy with a response is the new one answered ``503``
+  and closed. A client that sends its request in one packet is never the one waiting longest.
+
+WebSockets are off (the agent has none).
+"""
+
+from __future__ import annotations
+
+import logging
+import resource
+import time
+from typing import Any
+
+import uvicorn
+from uvicorn.protocols.http.httptools_impl import HttpToolsProtocol
+
+MAX_HEAD_BYTES = 16 * 1024
+REQUEST_TIMEOUT_S = 5.0
+MAX_CONNECTIONS = 1024
+FD_RESERVE = 256
+KEEP_ALIVE_S = 5
+# After a 431 the response is followed by FIN and up to this much more input is read and dropped
+# for up to LINGER_S, so that a client still sending sees the 431 rather than a reset (nginx's
+# lingering close); then the connection is closed whatever the client does.
+LINGER_BYTES = 256 * 1024
+LINGER_S = 1.0
+
+log = logging.getLogger("gpu_tune.http")
+
+
+def connection_limit(max_connections: int = MAX_CONNECTIONS, reserve: int = FD_RESERVE) -> int:
+    """How many client connections to hold at once: ``max_connections``, and ``reserve`` fewer
+    than the soft ``RLIMIT_NOFILE`` (at least 8)."""
+    soft, _hard = resource.getrlimit(resource.RLIMIT_NOFILE)
+    if soft == resource.RLIM_INFINITY:
+        return max_connections
+    return max(8, min(max_connections, soft - reserve))
+
+
+class _Counts:
+    """What the guards did, logged at most once a minute (an attack must not flood the log)."""
+
+    def __init__(self) -> None:
+        self.counts: dict[str, int] = {}
+        self.last = time.monotonic()
+
+    def add(self, what: str) -> None:
+        self.counts[what] = self.counts.get(what, 0) + 1
+        now = time.monotonic()
+        if now - self.last >= 60.0:
+            log.warning("HTTP guards in the last %.0f s: %s", now - self.last,
+                        ", ".join(f"{n} {k}" for k, n in sorted(self.counts.items())))
+            self.counts.clear()
+            self.last = now
+
+
+COUNTS = _Counts()
+
+
+def _response(status: int, phrase: str, text: str) -> bytes:
+    body = (text + "\n").encode()
+    return (f"HTTP/1.1 {status} {phrase}\r\ncontent-type: text/plain; charset=utf-8\r\n"
+            f"content-length: {len(body)}\r\nconnection: close\r\n\r\n").encode() + body
+
+
+class GuardedHttpToolsProtocol(HttpToolsProtocol):
+    """uvicorn's httptools protocol with a head-size cap, a request deadline and a connection cap.
+
+    The limits are class attributes; :func:`protocol_class` makes a subclass with others."""
+
+    max_head_bytes: int = MAX_HEAD_BYTES
+    request_timeout: float = REQUEST_TIMEOUT_S
+    max_connections: int = MAX_CONNECTIONS
+
+    def __init__(self, *args: Any, **kwargs: Any) -> None:
+        super().__init__(*args, **kwargs)
+        self._in_head = True  # waiting for (the rest of) a request line and headers
+        self._head_bytes = 0
+        self._deadline: Any = None
+        self._idle_since = time.monotonic()
+        self._refused = False
+        self._linger_left = 0
+
+    # -- the deadline ------------------------------------------------------------------------
+    def _arm(self) -> None:
+        if self._deadline is None:
+            self._deadline = self.loop.call_later(self.request_timeout, self._timed_out)
+
+    def _disarm(self) -> None:
+        if self._deadline is not None:
+            self._deadline.cancel()
+            self._deadline = None
+
+    def _timed_out(self) -> None:
+        self._deadline = None
+        if self.transport is None or self.transport.is_closing():
+            return
+        COUNTS.add("requests timed out")
+        if self._in_head and self._head_bytes > 0:
+            self.transport.write(_response(408, "Request Timeout",
+                                           f"request not received whole within {self.request_timeout:g} s"))
+        self.transport.close()
+
+    # -- refusing ----------------------------------------------------------------------------
+    def _refuse(self, status: int, phrase: str, text: str) -> None:
+        self._refused = True
+        self._disarm()
+        self.transport.write(_response(status, phrase, text))
+        if self.transport.can_write_eof():
+            self.transport.write_eof()
+            self._linger_left = LINGER_BYTES
+            self._deadline = self.loop.call_later(LINGER_S, self.transport.close)
+        else:  # pragma: no cover - TCP transports can
+            self.transport.close()
+
+    def _waiting(self) -> bool:
+        """Whether this connection is only waiting for a request (nothing to answer)."""
+        return (self._in_head and not self._refused
+                and (self.cycle is None or self.cycle.response_complete))
+
+    # -- asyncio.Protocol --------------------------------------------------------------------
+    def connection_made(self, transport: Any) -> None:  # type: ignore[override]
+        full = len(self.connections) >= self.max_connections
+        super().connection_made(transport)
+        if full:
+            victim = min((c for c in self.connections if c is not self and isinstance(c, GuardedHttpToolsProtocol)
+                          and c._waiting() and not c.transport.is_closing()),
+                         key=lambda c: c._idle_since, default=None)
+            if victim is None:
+                COUNTS.add("connections refused (table full)")
+                self._refuse(503, "Service Unavailable", "too many connections")
+                return
+            COUNTS.add("waiting connections evicted")
+            victim._disarm()
+            victim.transport.close()
+        self._arm()
+
+    def connection_lost(self, exc: Exception | None) -> None:
+        self._disarm()
+        super().connection_lost(exc)
+
+    def data_received(self, data: bytes) -> None:
+        if self._refused:
+            self._linger_left -= len(data)
+            if self._linger_left <= 0:
+                self.transport.close()
+            return
+        view = memoryview(data)
+        while view:
+            if self._in_head:
+                room = self.max_head_bytes - self._head_bytes
+                if room <= 0:
+                    COUNTS.add("oversized request heads refused")
+                    self._refuse(431, "Request Header Fields Too Large",
+                                 f"request line and headers exceed {self.max_head_bytes} bytes")
+                    return
+                piece = view[:room]
+                self._head_bytes += len(piece)
+            else:
+                piece = view[:self.max_head_bytes]
+            view = view[len(piece):]
+            super().data_received(data if len(piece) == len(data) else piece)  # type: ignore[arg-type]
+            if self.transport.is_closing():
+                return
+
+    # -- parser callbacks --------------------------------------------------------------------
+    def on_message_begin(self) -> None:
+        super().on_message_begin()
+        self._arm()
+
+    def on_headers_complete(self) -> None:
+        self._in_head = False
+        super().on_headers_complete()
+
+    def on_message_complete(self) -> None:
+        self._disarm()
+        self._in_head = True
+        self._head_bytes = 0
+        super().on_message_complete()
+
+    def on_response_complete(self) -> None:
+        self._idle_since = time.monotonic()
+        super().on_response_complete()
+
+
+def protocol_class(*, max_head_bytes: int = MAX_HEAD_BYTES, request_timeout: float = REQUEST_TIMEOUT_S,
+                   max_connections: int | None = None) -> type[GuardedHttpToolsProtocol]:
+    """A :class:`GuardedHttpToolsProtocol` with these limits (``max_connections`` None:
+    :func:`connection_limit`)."""
+    limits = dict(max_head_bytes=int(max_head_bytes), request_timeout=float(request_timeout),
+                  max_connections=int(max_connections if max_connections is not None else connection_limit()))
+    return type("GuardedHttpToolsProtocol", (GuardedHttpToolsProtocol,), limits)
+
+
+def config(app: Any, **limits: Any) -> uvicorn.Config:
+    """The uvicorn configuration the agent serves with (``limits``: see :func:`protocol_class`)."""
+    return uvicorn.Config(app, http=protocol_class(**limits), ws="none", log_level="warning", access_log=False,
+                          lifespan="off", timeout_keep_alive=KEEP_ALIVE_S, timeout_graceful_shutdown=5)
