@@ -215,7 +215,13 @@ def protocol_class(*, max_head_bytes: int = MAX_HEAD_BYTES, request_timeout: flo
     return type("GuardedHttpToolsProtocol", (GuardedHttpToolsProtocol,), limits)
 
 
-def config(app: Any, **limits: Any) -> uvicorn.Config:
-    """The uvicorn configuration the agent serves with (``limits``: see :func:`protocol_class`)."""
-    return uvicorn.Config(app, http=protocol_class(**limits), ws="none", log_level="warning", access_log=False,
-                          lifespan="off", timeout_keep_alive=KEEP_ALIVE_S, timeout_graceful_shutdown=5)
+def config(app: Any, *, max_head_bytes: int = MAX_HEAD_BYTES, request_timeout: float = REQUEST_TIMEOUT_S,
+           max_connections: int | None = None, **uvicorn_options: Any) -> uvicorn.Config:
+    """The uvicorn configuration the agent serves with (the limits: see :func:`protocol_class`;
+    ``uvicorn_options``, e.g. ``host`` and ``port``, go to :class:`uvicorn.Config`)."""
+    options: dict[str, Any] = dict(ws="none", log_level="warning", access_log=False, lifespan="off",
+                                   timeout_keep_alive=KEEP_ALIVE_S, timeout_graceful_shutdown=5)
+    options.update(uvicorn_options)
+    http = protocol_class(max_head_bytes=max_head_bytes, request_timeout=request_timeout,
+                          max_connections=max_connections)
+    return uvicorn.Config(app, http=http, **options)
