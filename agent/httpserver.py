@@ -89,7 +89,9 @@ def _response(status: int, phrase: str, text: str) -> bytes:
 class GuardedHttpToolsProtocol(HttpToolsProtocol):
     """uvicorn's httptools protocol with a head-size cap, a request deadline and a connection cap.
 
-    The limits are class attributes; :func:`protocol_class` makes a subclass with others."""
+    The limits are class attributes; :func:`protocol_class` makes a subclass with others. The
+    deadlines are checked by one timer per server that sweeps its connections a few times a
+    second while it has any (a timer per request would cost every request an allocation)."""
 
     max_head_bytes: int = MAX_HEAD_BYTES
     request_timeout: float = REQUEST_TIMEOUT_S
@@ -99,24 +101,27 @@ class GuardedHttpToolsProtocol(HttpToolsProtocol):
         super().__init__(*args, **kwargs)
         self._in_head = True  # waiting for (the rest of) a request line and headers
         self._head_bytes = 0
-        self._deadline: Any = None
-        self._idle_since = time.monotonic()
+        self._deadline_at: float | None = None  # loop time by which the request must be in
+        self._idle_since = 0.0
         self._refused = False
         self._linger_left = 0
 
     # -- the deadline ------------------------------------------------------------------------
-    def _arm(self) -> None:
-        if self._deadline is None:
-            self._deadline = self.loop.call_later(self.request_timeout, self._timed_out)
+    def _sweep_interval(self) -> float:
+        return min(0.5, self.request_timeout / 4)
 
-    def _disarm(self) -> None:
-        if self._deadline is not None:
-            self._deadline.cancel()
-            self._deadline = None
+    def _ensure_sweeper(self) -> None:
+        st = self.server_state
+        if getattr(st, "_gpu_tune_sweeper", None) is None:
+            st._gpu_tune_sweeper = self.loop.call_later(self._sweep_interval(), _sweep, st, self.loop,  # type: ignore[attr-defined]
+                                                        self._sweep_interval())
 
     def _timed_out(self) -> None:
-        self._deadline = None
+        self._deadline_at = None
         if self.transport is None or self.transport.is_closing():
+            return
+        if self._refused:  # the lingering close after a refusal is over
+            self.transport.close()
             return
         COUNTS.add("requests timed out")
         if self._in_head and self._head_bytes > 0:
@@ -127,12 +132,11 @@ class GuardedHttpToolsProtocol(HttpToolsProtocol):
     # -- refusing ----------------------------------------------------------------------------
     def _refuse(self, status: int, phrase: str, text: str) -> None:
         self._refused = True
-        self._disarm()
         self.transport.write(_response(status, phrase, text))
         if self.transport.can_write_eof():
             self.transport.write_eof()
             self._linger_left = LINGER_BYTES
-            self._deadline = self.loop.call_later(LINGER_S, self.transport.close)
+            self._deadline_at = self.loop.time() + LINGER_S
         else:  # pragma: no cover - TCP transports can
             self.transport.close()
 
@@ -145,6 +149,10 @@ class GuardedHttpToolsProtocol(HttpToolsProtocol):
     def connection_made(self, transport: Any) -> None:  # type: ignore[override]
         full = len(self.connections) >= self.max_connections
         super().connection_made(transport)
+        now = self.loop.time()
+        self._idle_since = now
+        self._deadline_at = now + self.request_timeout
+        self._ensure_sweeper()
         if full:
             victim = min((c for c in self.connections if c is not self and isinstance(c, GuardedHttpToolsProtocol)
                           and c._waiting() and not c.transport.is_closing()),
@@ -154,15 +162,24 @@ class GuardedHttpToolsProtocol(HttpToolsProtocol):
                 self._refuse(503, "Service Unavailable", "too many connections")
                 return
             COUNTS.add("waiting connections evicted")
-            victim._disarm()
+            victim._deadline_at = None
             victim.transport.close()
-        self._arm()
-
-    def connection_lost(self, exc: Exception | None) -> None:
-        self._disarm()
-        super().connection_lost(exc)
 
     def data_received(self, data: bytes) -> None:
+        if self._in_head:
+            if self._deadline_at is None:  # the first bytes of a request on a kept-alive connection
+                self._deadline_at = self.loop.time() + self.request_timeout
+            n = self._head_bytes + len(data)
+            if n <= self.max_head_bytes and not self._refused:  # the common case: a whole small request
+                self._head_bytes = n
+                super().data_received(data)
+                return
+        elif len(data) <= self.max_head_bytes:
+            super().data_received(data)
+            return
+        self._data_received_in_pieces(data)
+
+    def _data_received_in_pieces(self, data: bytes) -> None:
         if self._refused:
             self._linger_left -= len(data)
             if self._linger_left <= 0:
@@ -182,28 +199,32 @@ class GuardedHttpToolsProtocol(HttpToolsProtocol):
             else:
                 piece = view[:self.max_head_bytes]
             view = view[len(piece):]
-            super().data_received(data if len(piece) == len(data) else piece)  # type: ignore[arg-type]
+            super().data_received(piece)  # type: ignore[arg-type]
             if self.transport.is_closing():
                 return
 
     # -- parser callbacks --------------------------------------------------------------------
-    def on_message_begin(self) -> None:
-        super().on_message_begin()
-        self._arm()
-
     def on_headers_complete(self) -> None:
         self._in_head = False
         super().on_headers_complete()
 
     def on_message_complete(self) -> None:
-        self._disarm()
+        self._deadline_at = None
         self._in_head = True
         self._head_bytes = 0
+        self._idle_since = self.loop.time()
         super().on_message_complete()
 
-    def on_response_complete(self) -> None:
-        self._idle_since = time.monotonic()
-        super().on_response_complete()
+
+def _sweep(state: Any, loop: Any, interval: float) -> None:
+    """Close the connections of one server whose request is past its deadline; runs again in
+    ``interval`` while the server has connections."""
+    now = loop.time()
+    for conn in list(state.connections):
+        at = getattr(conn, "_deadline_at", None)
+        if at is not None and now >= at:
+            conn._timed_out()
+    state._gpu_tune_sweeper = loop.call_later(interval, _sweep, state, loop, interval) if state.connections else None
 
 
 def protocol_class(*, max_head_bytes: int = MAX_HEAD_BYTES, request_timeout: float = REQUEST_TIMEOUT_S,

@@ -259,15 +259,20 @@ def test_many_slow_connections_leave_readiness_answering():
 def test_full_table_evicts_the_longest_waiting_connection():
     """With the connection table full of silent clients, a new client is still answered."""
     with Served(max_connections=20, request_timeout=60) as srv:
-        silent = [srv.connect() for _ in range(20)]
+        silent = []
         try:
-            time.sleep(0.2)
+            deadline = time.monotonic() + 20
+            for i in range(20):  # one at a time, each accepted before the next: their age is their order
+                silent.append(srv.connect())
+                while len(srv.server.server_state.connections) < i + 1:
+                    assert time.monotonic() < deadline
+                    time.sleep(0.005)
             assert srv.get("/healthz", timeout=5)[0] == 200
-            assert srv.get("/readiness", timeout=5)[0] == 503
-            # the oldest silent connection made room; the second request found the first's slot free
+            # the oldest silent connection made room; the newest is still open
             assert closed_within(silent[0], 2.0) is not None
-            assert closed_within(silent[1], 0.2) is None
             assert closed_within(silent[-1], 0.2) is None
+            time.sleep(0.2)
+            assert srv.get("/readiness", timeout=5)[0] == 503
         finally:
             for s in silent:
                 s.close()
