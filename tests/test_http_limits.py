@@ -278,6 +278,19 @@ def test_full_table_evicts_the_longest_waiting_connection():
                 s.close()
 
 
+def test_full_table_of_busy_connections_refuses_with_503():
+    """A connection in the middle of a request is never evicted: the newcomer gets 503."""
+    with Served(max_connections=1, request_timeout=60) as srv:
+        with srv.connect() as busy:
+            busy.sendall(b"POST /readiness HTTP/1.1\r\nHost: x\r\nContent-Length: 1000\r\n\r\n")
+            assert busy.recv(65536).startswith(b"HTTP/1.1 405 ")  # answered; its body is still due
+            with srv.connect() as late:
+                assert read_until_closed(late).startswith(b"HTTP/1.1 503 ")
+            busy.sendall(b"x" * 1000)
+        time.sleep(0.2)
+        assert srv.get("/healthz")[0] == 200
+
+
 def test_connection_limit_leaves_descriptors_to_the_agent():
     import resource
 
