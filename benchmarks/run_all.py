@@ -42,7 +42,7 @@ SETTINGS: dict[str, list[str]] = {
     "bench_probe.py": ["--runs", "2", "--busy-runs", "1", "--repeats", "3"],
     "bench_agent.py": ["--idle", "20", "--interval", "10"],
     "bench_http.py": ["--duration", "10", "--repeat", "2"],
-    "bench_http_limits.py": ["--duration", "5", "--repeat", "2"],
+    "bench_http_limits.py": ["--duration", "5", "--repeat", "3"],
 }
 QUICK: dict[str, list[str]] = {
     "bench_audit.py": ["--runs", "7"],
