@@ -13,16 +13,17 @@ the event loop before any application code runs:
   Too Large`` and the connection is closed. The agent's clients (kubelet probes, Prometheus,
   curl) send well under 1 KiB. A head that starts in the same read as the end of a previous
   pipelined request is counted from the next read on, so it is refused at twice the cap at most.
-* **request deadline** (``REQUEST_TIMEOUT_S``, 5 s, as Go's ``ReadHeaderTimeout`` is commonly
-  set): from the moment a connection opens, or the first byte of a request on a kept-alive one,
-  until the whole request (head and body) has arrived. A connection that is still sending gets
-  ``408 Request Timeout`` and is closed; one that sent nothing is closed. Idle kept-alive
-  connections are closed by uvicorn's own keep-alive timeout (5 s).
+* **request deadline** (``REQUEST_TIMEOUT_S``, 5 s, within the 5-10 s usually given to Go's
+  ``ReadHeaderTimeout``): from the moment a connection opens, or the first byte of a request on
+  a kept-alive one, until the whole request (head and body) has arrived; checked a few times a
+  second, so a connection goes at most 0.5 s after its deadline. A connection that is still
+  sending gets ``408 Request Timeout`` and is closed; one that sent nothing is closed. Idle
+  kept-alive connections are closed by uvicorn's own keep-alive timeout (5 s).
 * **connections** (:func:`connection_limit`: at most 1,024, and 256 fewer than the process's
   descriptor limit, so the agent's own files, sockets and probe pipes always have descriptors):
   when the table is full, a new connection evicts the one that has waited longest for a request
-  to arrive; only when every connection is busy with a response is the new one answered ``503``
-  and closed. A client that sends its request in one packet is never the one waiting longest.
+  to arrive; only when every connection is in the middle of a request or a response is the new
+  one answered ``503`` and closed. A client that sends its request in one packet is never the one waiting longest.
 
 WebSockets are off (the agent has none).
 """
