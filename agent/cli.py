@@ -466,7 +466,7 @@ def run_cmd(
 def serve_cmd(
     g: Globals,
     profile: ProfileOpt = "training",
-    host: Annotated[str, typer.Option("--host", help="Listen address")] = "0.0.0.0",
+    host: Annotated[str, typer.Option("--host", help="Listen address (the DaemonSet passes the node's address)")] = "127.0.0.1",
     port: Annotated[int, typer.Option("--port", min=1, max=65535, help="Listen port")] = 9410,
     mode: Annotated[Mode, typer.Option("--mode", case_sensitive=False, help="audit: read only; enforce: re-apply drift; revert: restore the recorded originals, "
                                        "then stop enforcing (a Node label gpu-tune.io/mode=audit|revert overrides)")] = Mode.audit,

@@ -48,7 +48,7 @@ class ServeOptions:
     gpu_fixture: str | None = None
     policy_dir: str | None = None
     profile: str = "training"
-    host: str = "0.0.0.0"
+    host: str = "127.0.0.1"  # the DaemonSet passes the node's address
     port: int = 9410
     mode: str = "audit"
     interval: float = 60.0
@@ -602,6 +602,7 @@ def serve(options: ServeOptions, *, stages: Stages | None = None,
     """Run the agent until SIGTERM/SIGINT; return 0. ``stages`` replaces :func:`default_stages`."""
     import uvicorn
 
+    from . import httpserver
     from .app import create_app
 
     options.validate()
@@ -613,8 +614,7 @@ def serve(options: ServeOptions, *, stages: Stages | None = None,
                   first_publish_max_wait=hold, metrics_detail=options.metrics_detail)
     app = create_app(agent.state)
     sock = _bind(options.host, int(options.port))
-    config = uvicorn.Config(app, log_level="warning", access_log=False, lifespan="off",
-                            timeout_graceful_shutdown=5)
+    config = httpserver.config(app)
     server = uvicorn.Server(config)
 
     from .probe.run import stop_all
