@@ -41,7 +41,6 @@ class Policy:
                             for v in self.spec["validations"]]
 
     def matches(self, operation: str, resource: str) -> bool:
-        group, _, sub = resource.partition("/")
         for rule in self.spec["matchConstraints"]["resourceRules"]:
             if operation in rule["operations"] and "" in rule["apiGroups"] and resource in rule["resources"]:
                 return True
@@ -80,7 +79,7 @@ class Policy:
         denied = []
         for spec, prog, message in self.validations:
             verdict = self._run(prog, act)
-            if isinstance(verdict, Exception) or verdict is not celtypes.BoolType(True) and not verdict:
+            if isinstance(verdict, Exception) or not isinstance(verdict, celtypes.BoolType) or not verdict:
                 text = spec.get("message") or ""
                 if message is not None:
                     text = str(self._run(message, act))
@@ -309,12 +308,12 @@ def enforce(api, policy: Policy, token_node: str) -> list[list[str]]:
     return seen
 
 
-def test_the_agent_passes_the_policy_on_its_own_node(api, tmp_path):
+def test_the_agent_passes_the_policy_on_its_own_node(api, tmp_path, policy):
     from agent.kube import make_publisher
     from tests.kubeapi import write_kubeconfig
     from tests.test_kube import FAST, _want
 
-    pol = Policy([d for d in yaml.safe_load_all(POLICY_FILE.read_text()) if d][0])
+    pol = policy
     n = node("gpu-1")
     api.add_node("gpu-1", labels=n["metadata"]["labels"], taints=n["spec"]["taints"])
     seen = enforce(api, pol, "gpu-1")
@@ -328,12 +327,12 @@ def test_the_agent_passes_the_policy_on_its_own_node(api, tmp_path):
     assert labels["gpu-tune.io/profile-request"] == "training"
 
 
-def test_an_agent_writing_another_node_is_refused_with_the_policy_message(api, tmp_path):
+def test_an_agent_writing_another_node_is_refused_with_the_policy_message(api, tmp_path, policy):
     from agent.kube import make_publisher
     from tests.kubeapi import write_kubeconfig
     from tests.test_kube import FAST, _want
 
-    pol = Policy([d for d in yaml.safe_load_all(POLICY_FILE.read_text()) if d][0])
+    pol = policy
     api.add_node("gpu-2")
     before = api.node("gpu-2")
     enforce(api, pol, "gpu-1")  # a token from gpu-1's pod, used against gpu-2
