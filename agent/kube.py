@@ -24,8 +24,10 @@ One pass (:meth:`KubePublisher.publish`):
    ``lastHeartbeatTime`` is older than ``heartbeat_s`` (default :data:`HEARTBEAT_S`, 10 minutes):
    that is how ``gpu-tune fleet`` tells a live agent from a stopped one (``fleet --stale-after``).
    Passes in between write nothing.
-5. On a status flip (or the first condition): one core v1 Event on the Node. If posting it
-   fails, it is kept and posted on the next pass.
+5. On a status flip (or the first condition): one core v1 Event on the Node, in the agent's own
+   namespace (:func:`event_namespace`: ``POD_NAMESPACE``, else the service account's namespace
+   file, else ``default``), so that a namespaced Role is all it needs. If posting it fails, it is
+   kept and posted on the next pass.
 
 409 -> read again and retry; 429, 5xx and connection errors -> retry with jittered exponential
 backoff (bounded in attempts and seconds); 403 -> the pass fails with the RBAC rule that is
@@ -68,7 +70,10 @@ SERVICE_HOST_ENV = "KUBERNETES_SERVICE_HOST"
 SERVICE_TOKEN_FILE = "/var/run/secrets/kubernetes.io/serviceaccount/token"
 MERGE_PATCH = "application/merge-patch+json"
 STRATEGIC_MERGE_PATCH = "application/strategic-merge-patch+json"
-EVENT_NAMESPACE = "default"  # where the kubelet and node controllers put Node events
+SERVICE_NAMESPACE_FILE = "/var/run/secrets/kubernetes.io/serviceaccount/namespace"
+POD_NAMESPACE_ENV = "POD_NAMESPACE"  # the downward API's metadata.namespace
+# Outside a pod (a person's `gpu-tune label --kubeconfig`): where the kubelet puts Node events.
+EVENT_NAMESPACE = "default"
 COMPONENT = "gpu-tune"
 HEARTBEAT_S = 600.0  # the GPUHostReady condition is re-written at least this often (seconds)
 LIST_PAGE_SIZE = 500  # Nodes per page of a list call (kubectl's default chunk size)
@@ -425,7 +430,8 @@ class KubePublisher:
         self._node_cache: dict[str, Any] | None = None  # the Node as last read or written
 
     def describe(self) -> str:
-        return f"kubernetes: node {self.node} via {self.source or 'configuration'} ({self._host})"
+        return (f"kubernetes: node {self.node} via {self.source or 'configuration'} ({self._host}), "
+                f"events in namespace {self._event_ns}")
 
     def close(self) -> None:
         try:
@@ -454,10 +460,14 @@ class KubePublisher:
                     raise _Conflict() from None
                 if status == 409 and resource == "events":
                     return {}  # the same Event from an earlier attempt is already there
+                if status == 403 and "denied request" in _api_message(exc):
+                    raise _Failed(f"{verb} {resource}: refused by admission: {_api_message(exc)}") from None
                 if status == 403:
+                    where = (f"a Role rule in namespace {self._event_ns}" if resource == "events"
+                             else "a ClusterRole rule")
                     raise _Failed(
                         f"forbidden: may not {verb} {resource} ({_api_message(exc)}); grant the agent's "
-                        f'service account a ClusterRole rule apiGroups: [""], resources: ["{resource}"], '
+                        f'service account {where} apiGroups: [""], resources: ["{resource}"], '
                         f'verbs: ["{verb}"]') from None
                 if status == 401:
                     raise _Failed(f"unauthorized: the API server rejected the credentials ({_api_message(exc)})") from None
@@ -615,6 +625,33 @@ def _in_cluster() -> bool:
     return bool(os.environ.get(SERVICE_HOST_ENV)) and Path(SERVICE_TOKEN_FILE).is_file()
 
 
+def _is_namespace_name(name: str) -> bool:
+    """A DNS-1123 label, as namespace names are."""
+    import re
+
+    return len(name) <= 63 and re.fullmatch(r"[a-z0-9]([-a-z0-9]*[a-z0-9])?", name) is not None
+
+
+def event_namespace() -> str:
+    """The namespace the agent posts its Events to: its own pod's.
+
+    ``POD_NAMESPACE`` (the downward API's ``metadata.namespace``), else the in-cluster service
+    account's namespace file, else :data:`EVENT_NAMESPACE` (``default``, for a kubeconfig run
+    outside a pod). InputError for a value that is not a namespace name."""
+    value, where = os.environ.get(POD_NAMESPACE_ENV, "").strip(), POD_NAMESPACE_ENV
+    if not value:
+        where = SERVICE_NAMESPACE_FILE
+        try:
+            value = Path(SERVICE_NAMESPACE_FILE).read_text(encoding="utf-8").strip()
+        except (OSError, UnicodeDecodeError):
+            value = ""
+    if not value:
+        return EVENT_NAMESPACE
+    if not _is_namespace_name(value):
+        raise InputError(f"{where} {value[:80]!r}: not a namespace name (lower-case DNS-1123 label)")
+    return value
+
+
 def make_publisher(node_name: str | None, kubeconfig: str | None, no_kube: bool, **options: Any) -> Publisher:
     """The publisher for this run, chosen once and logged in one line.
 
@@ -638,6 +675,7 @@ def make_publisher(node_name: str | None, kubeconfig: str | None, no_kube: bool,
         return pub
     if node is None:
         raise InputError("node name: pass --node NAME or set NODE_NAME (the downward API's spec.nodeName)")
+    options.setdefault("event_namespace", event_namespace())
 
     from kubernetes import client, config
 
