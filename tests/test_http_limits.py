@@ -335,7 +335,7 @@ def test_only_the_schema_is_served_and_it_lists_only_the_api():
         code, body = srv.get("/openapi.json")
         assert code == 200
         assert sorted(json.loads(body)["paths"]) == sorted(
-            ["/readiness", "/healthz", "/audit", "/topology", "/probe", "/metrics"])
+            ["/readiness", "/healthz", "/agent-ready", "/audit", "/topology", "/probe", "/metrics"])
         for path in ("/docs", "/redoc", "/docs/oauth2-redirect"):
             assert srv.get(path)[0] == 404, path
     docs = {p: p.read_text() for p in [REPO / "README.md", *sorted((REPO / "docs").glob("*.md"))]}
