@@ -7,8 +7,15 @@ BIN := $(VENV)/bin
 # allocator tests). Benchmarks also use wrk, hyperfine and prometheus-node-exporter.
 DEB_TEST := prometheus numactl libjemalloc2
 DEB_BENCH := wrk hyperfine prometheus-node-exporter
+# The container image: built and run with podman (no Docker engine needed); mmdebstrap makes the
+# base image where no registry is reachable. tests/test_image.py builds and runs the CPU flavour.
+DEB_IMAGE := podman buildah runc mmdebstrap
+FLAVOUR ?= gpu
+# The image's lock files: every package pinned with its hashes, for CPython 3.11 on x86_64 Linux.
+UV_COMPILE := $(BIN)/uv pip compile --quiet --no-config --python-version 3.11 \
+  --python-platform x86_64-manylinux_2_28 --generate-hashes
 
-.PHONY: setup tools run test bench clean chart-files chart
+.PHONY: setup tools image-tools image lock run test bench clean chart-files chart
 
 $(VENV)/.installed: pyproject.toml
 	$(PYTHON) -m venv $(VENV)
@@ -29,11 +36,33 @@ tools:
 	  else echo "install these packages first:$$missing" >&2; exit 1; fi; \
 	fi
 
+# podman and friends, installed when root and missing; elsewhere tests/test_image.py says what
+# it lacks and skips (on CI, CI=true, it fails instead).
+image-tools:
+	@missing=""; for t in podman buildah runc mmdebstrap; do command -v $$t >/dev/null || missing="$$missing $$t"; done; \
+	if [ -n "$$missing" ]; then \
+	  if [ "$$(id -u)" = 0 ] && command -v apt-get >/dev/null; then \
+	    apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq $(DEB_IMAGE) >/dev/null; \
+	  else echo "not installed:$$missing (the container image test will skip)" >&2; fi; \
+	fi
+
+# Build the image (FLAVOUR=gpu|cpu) and print its sizes, its layers and what a code-only change
+# re-pulls. PYTHON_IMAGE=... picks the base (default python:3.11-slim-bookworm, see tools/image.py).
+image: setup image-tools
+	$(BIN)/python tools/image.py --flavour $(FLAVOUR) --code-change
+
+# Regenerate requirements/*.lock from pyproject.toml and requirements/*.in.
+lock: setup
+	$(PIP) install -q uv
+	$(UV_COMPILE) -o requirements/cpu.lock pyproject.toml requirements/cpu.in
+	$(UV_COMPILE) -o requirements/gpu.lock pyproject.toml requirements/gpu.in
+	$(UV_COMPILE) --no-deps -o requirements/data.lock requirements/data.in
+
 # Audit this host, serve the agent on localhost:9410 and run the MNIST probe on the CPU.
 run: setup
 	$(BIN)/gpu-tune serve --host 127.0.0.1 --port 9410 --no-kube --probe-device cpu
 
-test: setup tools
+test: setup tools image-tools
 	$(BIN)/pytest -q
 
 bench: setup tools

@@ -52,6 +52,13 @@ class AuditModel(BaseModel):
     settings: list[SettingModel]
 
 
+class AgentReadyModel(BaseModel):
+    ready: bool
+    node: str
+    mode: str
+    detail: str
+
+
 class HealthModel(BaseModel):
     alive: bool
     detail: str
@@ -97,6 +104,19 @@ def create_app(state: AgentState) -> FastAPI:
         if snap is None:
             return Response(state.not_ready_body, status_code=503, media_type=JSON_CONTENT_TYPE)
         return Response(snap.readiness_body, status_code=snap.readiness_status, media_type=JSON_CONTENT_TYPE)
+
+    @app.get("/agent-ready", response_model=None,
+             summary="The agent pod's readiness, for its readinessProbe (200 ready, 503 not): it completed a "
+                     "pass and published it, and did not turn a node that was ready into a not-ready one",
+             responses={200: {"model": AgentReadyModel}, 503: {"model": AgentReadyModel}})
+    async def agent_ready() -> Response:
+        snap = state.snapshot
+        if snap is None:
+            return Response(_dumps({"ready": False, "node": state.node, "mode": "",
+                                    "detail": "the agent has not completed its first pass yet"}),
+                            status_code=503, media_type=JSON_CONTENT_TYPE)
+        return Response(snap.agent_ready_body, status_code=200 if snap.agent_ready else 503,
+                        media_type=JSON_CONTENT_TYPE)
 
     @app.get("/healthz", response_model=None, summary="Liveness of the agent's loop (200 alive, 500 not)",
              responses={200: {"model": HealthModel}, 500: {"model": HealthModel}})

@@ -10,6 +10,7 @@ import functools
 import inspect
 import json
 import logging
+import math
 import os
 import sys
 from dataclasses import dataclass
@@ -44,6 +45,7 @@ class Backend(str, Enum):
 class Mode(str, Enum):
     audit = "audit"
     enforce = "enforce"
+    revert = "revert"
 
 
 class Device(str, Enum):
@@ -123,6 +125,7 @@ def command(name: str, help: str, **settings):
             g = _merge_globals(ctx, kw)
             _setup_logging(g.verbose)
             try:
+                _check_inputs(g, kw, _root_on_command_line(ctx))
                 code = fn(g=g, **kw)
             except GpuTuneError as exc:
                 _fail(exc, exc.exit_code, g.verbose)
@@ -142,6 +145,49 @@ def command(name: str, help: str, **settings):
     return deco
 
 
+def _check_root(root: str) -> None:
+    """``--root`` (or GPU_TUNE_ROOT) must name a directory this process can search: an empty value
+    would mean the working directory (or, from ``/``, the real host) and is refused."""
+    if not root.strip():
+        raise InputError("--root '' (or GPU_TUNE_ROOT=''): empty; give the host root, e.g. --root / or --root /host")
+    try:
+        st = os.stat(root)
+    except FileNotFoundError:
+        raise InputError(f"--root {root}: no such directory") from None
+    except OSError as exc:
+        raise InputError(f"--root {root}: {exc.strerror or exc}") from None
+    import stat as _stat
+
+    if not _stat.S_ISDIR(st.st_mode):
+        raise InputError(f"--root {root}: not a directory")
+    for sub in ("proc", "sys"):  # needs search (x) permission on the root, as every read does
+        try:
+            os.stat(os.path.join(root, sub))
+        except FileNotFoundError:
+            pass  # HostFS says which are missing
+        except OSError as exc:
+            raise InputError(f"--root {root}: cannot read under it: {sub}/: {exc.strerror or exc}") from None
+
+
+def _root_on_command_line(ctx: typer.Context) -> bool:
+    sources = [ctx.get_parameter_source("g_root")]
+    if ctx.parent is not None:
+        sources.append(ctx.parent.get_parameter_source("root"))
+    return any(getattr(s, "name", "") == "COMMANDLINE" for s in sources)
+
+
+def _check_inputs(g: Globals, kw: dict[str, Any], root_given: bool = False) -> None:
+    """Checks every command shares: the root, and finite numbers in every float option."""
+    # click reads an empty variable as unset, which would mean / (the real host): refuse it.
+    if g.root == "" or (os.environ.get("GPU_TUNE_ROOT") == "" and not root_given):
+        _check_root("")
+    if g.root != "/":
+        _check_root(g.root)
+    for name, val in kw.items():
+        if isinstance(val, float) and not math.isfinite(val):
+            raise InputError(f"--{name.replace('_', '-')} {val}: expected a finite number")
+
+
 def _setup_logging(verbose: bool) -> None:
     if logging.getLogger().handlers:
         return
@@ -155,6 +201,10 @@ def _fail(exc: BaseException, code: int, verbose: bool, unexpected: bool = False
 
         traceback.print_exception(exc, file=sys.stderr)
     msg = str(exc) or type(exc).__name__
+    # One line, whatever the input echoed back held: newlines shown as \n, and not a whole file.
+    msg = msg.replace("\r", "\\r").replace("\n", "\\n")
+    if len(msg) > 1000:
+        msg = msg[:1000] + "..."
     if unexpected:
         msg = f"unexpected error: {type(exc).__name__}: {msg} (run with -v for the traceback)"
     print(f"gpu-tune: error: {msg}", file=sys.stderr)
@@ -180,7 +230,7 @@ def _main(
                                           callback=lambda v: _version(v))] = False,
 ) -> None:
     ctx.obj = Globals(
-        root=root or "/",
+        root="/" if root is None else root,
         gpu_backend=(gpu_backend.value if gpu_backend else "auto"),
         gpu_fixture=gpu_fixture,
         policy_dir=policy_dir,
@@ -200,6 +250,20 @@ def _profile(g: Globals, name: str):
     from .policy import load_profile
 
     return load_profile(name, g.policy_dir)
+
+
+def _check_journal(fs) -> None:
+    """A journal this tool did not write is bad input: exit 2 before the lock is taken or
+    anything is written. (An unreadable file is left to apply/revert to report.)"""
+    from .errors import HostError
+    from .journal import Journal, JournalError
+
+    try:
+        Journal(fs).load()
+    except JournalError:
+        raise
+    except HostError:
+        pass
 
 
 def _gpu(g: Globals):
@@ -271,6 +335,8 @@ def apply_cmd(
 
     prof = _profile(g, profile)
     fs = _fs(g)
+    if not dry_run:
+        _check_journal(fs)
     report = apply(make_context(fs, prof, _gpu(g)), dry=dry_run)
     title = f"apply{' --dry-run' if dry_run else ''}: profile {prof.name} on {fs.root}"
     _emit_report(g, report, title, show_changed=True)
@@ -284,6 +350,7 @@ def revert_cmd(g: Globals) -> int:
     from .engine import Context, revert
 
     fs = _fs(g)
+    _check_journal(fs)
     gpu = None
     try:
         gpu = _gpu(g)
@@ -300,7 +367,12 @@ def revert_cmd(g: Globals) -> int:
             from .render import settings_table
 
             c.print(settings_table(f"revert on {fs.root}", rows, show_changed=True))
-            c.print("[green]all originals restored[/]" if ok else "[red]some originals could not be restored (kept in the journal)[/]")
+            journal = next((r for r in rows if r.id == "journal" and r.status == "error"), None)
+            if journal is not None:
+                c.print("[red]the journal could not be updated: it keeps every original; run gpu-tune "
+                        "revert again once the cause is fixed[/]")
+            else:
+                c.print("[green]all originals restored[/]" if ok else "[red]some originals could not be restored (kept in the journal)[/]")
     return 0 if ok else 1
 
 
@@ -394,9 +466,10 @@ def run_cmd(
 def serve_cmd(
     g: Globals,
     profile: ProfileOpt = "training",
-    host: Annotated[str, typer.Option("--host", help="Listen address")] = "0.0.0.0",
+    host: Annotated[str, typer.Option("--host", help="Listen address (the DaemonSet passes the node's address)")] = "127.0.0.1",
     port: Annotated[int, typer.Option("--port", min=1, max=65535, help="Listen port")] = 9410,
-    mode: Annotated[Mode, typer.Option("--mode", case_sensitive=False, help="audit: read only; enforce: re-apply drift")] = Mode.audit,
+    mode: Annotated[Mode, typer.Option("--mode", case_sensitive=False, help="audit: read only; enforce: re-apply drift; revert: restore the recorded originals, "
+                                       "then stop enforcing (a Node label gpu-tune.io/mode=audit|revert overrides)")] = Mode.audit,
     interval: Annotated[float, typer.Option("--interval", min=1.0, metavar="S", help="Seconds between passes")] = 60.0,
     probe_interval: Annotated[Optional[float], typer.Option("--probe-interval", min=0.0, metavar="S",
                                                             help="Seconds between probes [default: the profile's]")] = None,
@@ -424,7 +497,7 @@ def serve_cmd(
 
 
 @command("fleet", help="Every GPU node's readiness as the agents published it, from the API server (read-only). "
-                        "Exit 0 all ready, 1 some not ready or not reporting.")
+                        "Exit 0 all ready, 1 some not ready or not reporting, or --selector matches no GPU node.")
 def fleet_cmd(
     g: Globals,
     selector: Annotated[Optional[str], typer.Option("--selector", "-l", metavar="S",
@@ -449,6 +522,12 @@ def fleet_cmd(
         _print_json(report.as_dict())
     else:
         sys.stdout.write(render_table(report))
+    if selector is not None and not report.nodes:
+        # a typo in a selector must not read as "every node ready" to a script
+        matched = (f"{len(listing.items)} node(s) match it, none a GPU node or running the agent"
+                   if listing.items else "no node matches it")
+        print(f"gpu-tune: error: --selector {selector!r}: {matched}", file=sys.stderr)
+        return 1
     return report.exit_code
 
 

@@ -12,6 +12,7 @@ from __future__ import annotations
 import logging
 import os
 import time
+from contextlib import ExitStack
 from typing import Collection, Iterable, Sequence
 
 from .errors import GpuTuneError, HostError, UnsupportedWrite
@@ -56,7 +57,18 @@ def audit(ctx: Context, knobs: Sequence[Knob] = KNOBS) -> Report:
         except (GpuTuneError, GpuError, OSError, ValueError) as exc:
             # one family failing to read is a row, not a failed audit
             rows.append(Setting(knob.error_id or knob.family, "-", None, "", "error", f"cannot read: {exc}"))
-    return Report(ctx.profile.name, tuple(rows))
+    return Report(ctx.profile.name, tuple(_planted_link(ctx, r) for r in rows))
+
+
+def _planted_link(ctx: Context, row: Setting) -> Setting:
+    """A kernel file that is missing only because a symlink in its place leads outside the root
+    (followed beneath it, to nothing) is not a knob this kernel lacks: an ``error`` naming it."""
+    if row.status != "unsupported" or not row.path:
+        return row
+    link = ctx.fs.escape(row.path)
+    if link is None:
+        return row
+    return row.with_(status="error", detail=f"{row.path}: {link}; beneath the root it leads to no file")
 
 
 def plan(rows: Iterable[Setting], only: Collection[tuple[str, str]] | None = None) -> tuple[Setting, ...]:
@@ -85,59 +97,91 @@ def dry_run(report: Report) -> Report:
 def apply(ctx: Context, *, dry: bool = False, lock_timeout: float | None = None,
           knobs: Sequence[Knob] = KNOBS, only: Collection[tuple[str, str]] | None = None) -> Report:
     """Apply the profile. ``only`` limits the writes to these (id, target) keys (the agent's
-    per-setting rate limit); the returned rows still cover every setting."""
-    before = audit(ctx, knobs)
+    per-setting rate limit); the returned rows still cover every setting.
+
+    One hold of the apply/revert lock covers the whole run, audit -> plan -> write -> verify, so
+    a concurrent apply or revert can neither change what this run planned from nor show its
+    values to this run's verify. ``dry`` only reads and takes no lock."""
     if dry:
-        return dry_run(before)
+        return dry_run(audit(ctx, knobs))
+    with ExitStack() as held:
+        try:
+            held.enter_context(locked(ctx.fs, timeout=LOCK_TIMEOUT if lock_timeout is None else lock_timeout))
+            no_lock = ""
+        except HostError as exc:  # the lock file cannot be created (read-only or full state folder)
+            no_lock = f"not changed: cannot record the original first: {exc}"
+        return _apply_locked(ctx, knobs, only, no_lock)
+
+
+def _apply_locked(ctx: Context, knobs: Sequence[Knob], only: Collection[tuple[str, str]] | None,
+                  no_lock: str) -> Report:
+    before = audit(ctx, knobs)
     changes = plan(before.settings, only)
     if not changes:
         return Report(before.profile, tuple(r.with_(changed=False) for r in before.settings))
+    if no_lock:
+        return Report(before.profile, tuple(
+            (r.with_(status="error", detail=no_lock) if r in changes else r).with_(changed=False)
+            for r in before.settings))
 
     failed: dict[tuple[str, str], str] = {}
     unsupported: dict[tuple[str, str], str] = {}
     written: set[tuple[str, str]] = set()
+    recorded: dict[tuple[str, str], dict] = {}  # originals first recorded by this run
     try:
-        with locked(ctx.fs, timeout=LOCK_TIMEOUT if lock_timeout is None else lock_timeout):
+        try:
+            journal = Journal(ctx.fs).load()
+        except HostError as exc:
+            raise _JournalDown(str(exc)) from None
+        for row in changes:
+            knob = _knob_for(row.id)
+            if knob is None:
+                failed[_key(row)] = "no knob for this id"
+                continue
+            if journal.has(row.id, row.target):
+                continue  # the first original stays; never record our own value
             try:
-                journal = Journal(ctx.fs).load()
-            except HostError as exc:
-                raise _JournalDown(str(exc)) from None
-            for row in changes:
-                knob = _knob_for(row.id)
-                if knob is None:
-                    failed[_key(row)] = "no knob for this id"
-                    continue
-                if journal.has(row.id, row.target):
-                    continue  # the first original stays; never record our own value
-                try:
-                    snap = knob.snapshot(ctx, row)
-                except (HostError, GpuError) as exc:
-                    failed[_key(row)] = f"cannot record original: {exc}"
-                    continue
-                journal.add({"id": row.id, "target": row.target, "family": knob.family, **snap})
+                snap = knob.snapshot(ctx, row)
+            except (HostError, GpuError) as exc:
+                failed[_key(row)] = f"cannot record original: {exc}"
+                continue
+            entry = {"id": row.id, "target": row.target, "family": knob.family, **snap}
+            journal.add(entry)
+            recorded[_key(row)] = entry
+        try:
+            journal.save()
+        except HostError as exc:
+            raise _JournalDown(str(exc)) from None
+        # originals are on disk: now write
+        never_written: list[tuple[str, str]] = []
+        for row in changes:
+            k = _key(row)
+            if k in failed:
+                continue
+            knob = _knob_for(row.id)
+            if _WRITE_DELAY:
+                time.sleep(_WRITE_DELAY)
+            try:
+                knob.apply(ctx, row)
+                written.add(k)
+            except UnsupportedWrite as exc:
+                unsupported[k] = str(exc)
+            except (HostError, GpuError) as exc:
+                failed[k] = str(exc)
+            else:
+                continue
+            # the write failed: an original recorded by this run for a target that still holds
+            # it byte for byte was never overwritten; revert has nothing to restore there
+            if k in recorded and knob.unchanged(ctx, recorded[k]):
+                never_written.append(k)
+        if never_written:
+            for sid, target in never_written:
+                journal.remove(sid, target)
             try:
                 journal.save()
-            except HostError as exc:
-                raise _JournalDown(str(exc)) from None
-            # originals are on disk: now write
-            for row in changes:
-                k = _key(row)
-                if k in failed:
-                    continue
-                knob = _knob_for(row.id)
-                if _WRITE_DELAY:
-                    time.sleep(_WRITE_DELAY)
-                try:
-                    knob.apply(ctx, row)
-                    written.add(k)
-                except UnsupportedWrite as exc:
-                    unsupported[k] = str(exc)
-                except (HostError, GpuError) as exc:
-                    failed[k] = str(exc)
+            except HostError as exc:  # the entries stay; revert finds them unchanged and skips them
+                log.warning("journal: could not drop originals that were never overwritten: %s", exc)
     except _JournalDown as exc:
-        for row in changes:
-            failed[_key(row)] = f"not changed: cannot record the original first: {exc}"
-    except HostError as exc:  # the lock file could not be created
         for row in changes:
             failed[_key(row)] = f"not changed: cannot record the original first: {exc}"
 
@@ -163,12 +207,23 @@ class _JournalDown(Exception):
 
 
 def revert(ctx: Context, *, lock_timeout: float | None = None) -> tuple[bool, tuple[Setting, ...]]:
-    """Restore every recorded original, newest first. Returns (all restored, rows)."""
+    """Restore every recorded original, newest first. Returns (all restored, rows).
+
+    An original whose target still holds it byte for byte (the apply's write never happened)
+    is not written again. A failure is a row, never an exception: a target that cannot be
+    written keeps its entry; a journal that cannot be updated afterwards (a full disk) is a
+    last row with id ``journal``, and the journal stays as it was, so a later revert restores
+    what is still missing (the targets already restored are then found unchanged)."""
     rows: list[Setting] = []
     if not ctx.fs.exists(JOURNAL):
         return True, ()  # nothing recorded: nothing to restore (and nothing to lock)
-    with locked(ctx.fs, timeout=LOCK_TIMEOUT if lock_timeout is None else lock_timeout):
+    with ExitStack() as held:
+        try:
+            held.enter_context(locked(ctx.fs, timeout=LOCK_TIMEOUT if lock_timeout is None else lock_timeout))
+        except HostError as exc:
+            return False, (Setting("journal", "-", None, "", "error", f"nothing restored: {exc}", JOURNAL),)
         journal = Journal(ctx.fs).load()
+        dirty = False
         for entry in journal.newest_first():
             sid, target = entry["id"], entry["target"]
             original = entry.get("value")
@@ -177,19 +232,34 @@ def revert(ctx: Context, *, lock_timeout: float | None = None) -> tuple[bool, tu
                 rows.append(Setting(sid, target, None, str(original), "error",
                                     f"no knob {entry.get('family')!r} in this version; entry kept"))
                 continue
+            if knob.unchanged(ctx, entry):
+                journal.remove(sid, target)
+                dirty = True
+                rows.append(Setting(sid, target, str(original), str(original), "ok",
+                                    "the original is in place: nothing to write", entry.get("path"),
+                                    changed=False))
+                continue
             try:
                 current = knob.current_value(ctx, entry)
-            except (HostError, GpuError):
+            except (HostError, GpuError, OSError):
                 current = None
             try:
                 knob.restore(ctx, entry)
-            except (HostError, GpuError) as exc:
-                rows.append(Setting(sid, target, current, str(original), "error", str(exc), entry.get("path")))
+            except (HostError, GpuError, OSError) as exc:
+                rows.append(Setting(sid, target, current, str(original), "error", f"not restored: {exc}",
+                                    entry.get("path")))
                 continue
             journal.remove(sid, target)
+            dirty = True
             rows.append(Setting(sid, target, current, str(original), "ok", "restored", entry.get("path"),
                                 changed=True))
-        if rows:
-            journal.save()
+        if dirty:
+            try:
+                journal.save()
+            except HostError as exc:
+                done = sum(1 for r in rows if r.status == "ok")
+                rows.append(Setting("journal", "-", None, "", "error",
+                                    f"cannot update the journal: {exc}; it keeps all "
+                                    f"{len(journal.entries) + done} originals for the next revert", JOURNAL))
     ok = all(r.status == "ok" for r in rows)
     return ok, tuple(rows)

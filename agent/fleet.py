@@ -12,8 +12,8 @@ GPUs            labels ``gpu-tune.io/gpu-count`` and ``gpu-tune.io/gpu-product``
                 ``nvidia.com/gpu`` capacity)
 drift           ``drift`` of the annotation ``gpu-tune.io/summary``: audit rows in drift, conflict
                 or error
-probe           ``probe`` of the summary: how many targets passed, and the lowest device-bound
-                images/s among them (launch-bound where a result has no device-bound figure)
+probe           ``probe`` of the summary: how many targets passed (the images/s are not on the
+                Node: they vary from run to run; see the agents' metrics)
 reasons         ``failing`` of the summary: each failing check and its detail (an agent without the
                 summary annotation: the check names of the condition's message)
 ==============  ===================================================================================
@@ -78,24 +78,12 @@ class FleetNode:
         entries = [e for e in self.probe.values() if isinstance(e, Mapping)]
         return sum(1 for e in entries if e.get("status") == "passed"), len(entries)
 
-    def probe_images_per_second(self) -> float | None:
-        """The weakest target's device-bound images/s (launch-bound where it has no device-bound)."""
-        vals = []
-        for e in self.probe.values():
-            if not isinstance(e, Mapping):
-                continue
-            v = e.get("device_bound", e.get("launch_bound"))
-            if isinstance(v, (int, float)) and not isinstance(v, bool):
-                vals.append(float(v))
-        return min(vals) if vals else None
-
     def as_dict(self) -> dict[str, Any]:
         passed, total = self.probe_counts()
         return {"node": self.name, "status": self.status, "ready": self.ready, "since": self.since,
                 "heartbeat": self.heartbeat, "profile": self.profile, "gpu_model": self.gpu_model,
                 "gpu_count": self.gpu_count, "drift": self.drift,
-                "probe": {"passed": passed, "targets": total, "images_per_second_min": self.probe_images_per_second(),
-                          "by_target": dict(self.probe)},
+                "probe": {"passed": passed, "targets": total, "by_target": dict(self.probe)},
                 "failing": [dict(f) for f in self.failing], "reason": self.reason}
 
 
@@ -257,16 +245,6 @@ def fleet_report(nodes: Iterable[Mapping[str, Any]], *, now: float | None = None
 
 
 # -- rendering --------------------------------------------------------------------------------
-def _short_rate(x: float | None) -> str:
-    if x is None:
-        return "-"
-    if x >= 1e6:
-        return f"{x / 1e6:.2g}M"
-    if x >= 1e3:
-        return f"{x / 1e3:.3g}k"
-    return f"{x:.3g}"
-
-
 def _reasons(row: FleetNode) -> str:
     if row.status == NOT_REPORTING:
         return row.reason
@@ -281,7 +259,7 @@ def _reasons(row: FleetNode) -> str:
 def render_table(report: FleetReport) -> str:
     """kubectl-style columns, one node per line (ready ones first, problems last), then one
     summary line per GPU model and a total."""
-    head = ("NODE", "STATUS", "SINCE", "PROFILE", "GPUS", "DRIFT", "PROBE", "IMG/S", "REASONS")
+    head = ("NODE", "STATUS", "SINCE", "PROFILE", "GPUS", "DRIFT", "PROBE", "REASONS")
     lines = [head]
     for r in report.nodes:
         since = _epoch(r.since)
@@ -289,7 +267,7 @@ def render_table(report: FleetReport) -> str:
         gpus = f"{r.gpu_count if r.gpu_count is not None else '?'}x {r.gpu_model}"
         lines.append((r.name, r.status, age(report.generated_at - since) if since else "-", r.profile or "-", gpus,
                       "-" if r.drift is None else str(r.drift), f"{passed}/{total}" if total else "-",
-                      _short_rate(r.probe_images_per_second()), _reasons(r)))
+                      _reasons(r)))
     widths = [max(len(row[i]) for row in lines) for i in range(len(head) - 1)]
     out = ["  ".join(c.ljust(w) for c, w in zip(row[:-1], widths)) + "  " + row[-1] for row in lines]
     out = [line.rstrip() for line in out] if report.nodes else []

@@ -1,22 +1,53 @@
-"""HostFS: the only place that opens the host's files, always under one root (CONTRACT §1).
+"""HostFS: the only place that opens the host's files, always beneath one root (CONTRACT §1).
 
 Every path handed to HostFS is written the way the kernel names it (``/proc/sys/vm/swappiness``)
-and is resolved under ``root`` (``/`` on a node, ``/host`` in the DaemonSet, a fixture tree in
-tests). Errors come back as :class:`HostError` with the path and the reason in one line.
+and is resolved *beneath* ``root`` (``/`` on a node, ``/host`` in the DaemonSet, a fixture tree in
+tests) as if the root were ``/``: the semantics of the kernel's ``openat2(RESOLVE_IN_ROOT)``. An
+absolute symlink found under the root (``/host/etc/x -> /usr/y``) means ``/host/usr/y``, never this
+process's ``/usr/y``; ``..`` stops at the root. sysfs's own relative links
+(``/sys/bus/pci/devices/X -> ../../../devices/...``) work as they do on the host.
+
+Writes are stricter: they follow only links that stay beneath the root by their own text (the
+relative ones sysfs uses). A write through an absolute link, or through a relative one that
+climbs above the root, is refused with a :class:`HostError` naming the link, and nothing is
+written, neither outside the root nor at the link's reading beneath it.
+
+Resolution uses ``openat2(2)`` (Linux 5.6+) where the kernel offers it, and otherwise a walk of
+the path one component at a time (``O_PATH|O_NOFOLLOW``, ``readlink``, restarting from the root on
+an absolute link, at most 40 links) that gives the same answers. With the root ``/`` resolution
+is the ordinary one (nothing lies outside it). Errors come back as :class:`HostError` with the
+path and the reason in one line.
 """
 
 from __future__ import annotations
 
+import ctypes
 import errno
+import logging
 import os
+import platform
+import stat
 import tempfile
-from functools import cached_property
 from pathlib import Path
 
 from .errors import HostError, InputError
 
 # Filesystems whose files are kernel interfaces: a write is a request, not a byte copy.
 KERNEL_FS_TYPES = frozenset({"proc", "sysfs", "cgroup", "cgroup2", "debugfs", "securityfs", "configfs"})
+# Their statfs(2) f_type magic numbers (linux/magic.h).
+_KERNEL_FS_MAGIC = frozenset({0x9FA0, 0x62656572, 0x27E0EB, 0x63677270, 0x64626720, 0x73636673, 0x62656570})
+
+# openat2(2): struct open_how.resolve flags (linux/openat2.h).
+RESOLVE_NO_MAGICLINKS = 0x02
+RESOLVE_BENEATH = 0x08
+RESOLVE_IN_ROOT = 0x10
+# The syscall number is the same on every architecture of the unified table (since Linux 5.6).
+_SYS_OPENAT2 = {"x86_64": 437, "aarch64": 437, "arm64": 437}.get(platform.machine())
+# The kernel's MAXSYMLINKS: more links in one resolution is ELOOP.
+MAX_SYMLINKS = 40
+
+_O_CLOEXEC = os.O_CLOEXEC
+_O_PATH = getattr(os, "O_PATH", 0)
 
 
 def _reason(exc: OSError) -> str:
@@ -28,8 +59,9 @@ def _reason(exc: OSError) -> str:
 def atomic_write(path: Path, data: bytes, mode: int = 0o644) -> None:
     """Replace ``path`` crash-safely: a temp file beside it, fsync, rename over, fsync the folder.
 
-    A crash at any point leaves either the old file or the new one, never a torn one.
-    Raises OSError.
+    For files this process owns (a GPU fixture file), not for host files: those go through
+    :meth:`HostFS.write_file_atomic`. A crash at any point leaves either the old file or the new
+    one, never a torn one. Raises OSError.
     """
     path.parent.mkdir(parents=True, exist_ok=True)
     fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", dir=path.parent)
@@ -53,10 +85,211 @@ def atomic_write(path: Path, data: bytes, mode: int = 0o644) -> None:
         os.close(dfd)
 
 
-class HostFS:
-    """Read and write the host's files under ``root``."""
+# -- resolving beneath a root ---------------------------------------------------------------
 
-    def __init__(self, root: str | os.PathLike[str] = "/") -> None:
+class Escape(OSError):
+    """A symlink on the way leads outside the root (EXDEV); ``link`` is its kernel-style path."""
+
+    def __init__(self, link: str, target: str) -> None:
+        super().__init__(errno.EXDEV, f"the symlink {link} -> {target} leads outside the root", link)
+        self.link = link
+        self.target = target
+
+
+class _OpenHow(ctypes.Structure):
+    _fields_ = [("flags", ctypes.c_uint64), ("mode", ctypes.c_uint64), ("resolve", ctypes.c_uint64)]
+
+
+_LIBC: ctypes.CDLL | None = None
+
+
+def _libc() -> ctypes.CDLL:
+    global _LIBC
+    if _LIBC is None:
+        _LIBC = ctypes.CDLL(None, use_errno=True)
+    return _LIBC
+
+
+class Openat2Resolver:
+    """``openat2(root_fd, path, RESOLVE_IN_ROOT | RESOLVE_NO_MAGICLINKS)`` (reads) or
+    ``RESOLVE_BENEATH`` (writes): the kernel keeps every step beneath the root."""
+
+    name = "openat2"
+
+    def __init__(self, root_fd: int) -> None:
+        if _SYS_OPENAT2 is None:
+            raise OSError(errno.ENOSYS, f"openat2: no syscall number known for {platform.machine()}")
+        self.root_fd = root_fd
+        proto = ctypes.CFUNCTYPE(ctypes.c_long, ctypes.c_long, ctypes.c_long, ctypes.c_char_p,
+                                 ctypes.c_void_p, ctypes.c_size_t, use_errno=True)
+        self._syscall = proto(("syscall", _libc()))
+        self._hows: dict[tuple[int, int, bool], _OpenHow] = {}  # kept alive: their addresses are passed
+        # Probe once: seccomp profiles of older container runtimes answer ENOSYS or EPERM.
+        os.close(self.open("", os.O_RDONLY | os.O_DIRECTORY))
+
+    def _how(self, flags: int, mode: int, beneath: bool) -> _OpenHow:
+        key = (flags, mode, beneath)
+        how = self._hows.get(key)
+        if how is None:
+            how = self._hows.setdefault(key, _OpenHow(
+                flags | _O_CLOEXEC, mode if flags & os.O_CREAT else 0,
+                RESOLVE_NO_MAGICLINKS | (RESOLVE_BENEATH if beneath else RESOLVE_IN_ROOT)))
+        return how
+
+    def open(self, rel: str, flags: int, mode: int = 0, *, beneath: bool = False) -> int:
+        how = self._how(flags, mode, beneath)  # held here while the kernel reads it
+        addr = ctypes.addressof(how)
+        path = os.fsencode(rel) if rel else b"."
+        err = 0
+        for _ in range(16):  # EAGAIN: a concurrent rename or mount moved a '..' step; retry
+            fd = self._syscall(_SYS_OPENAT2, self.root_fd, path, addr, 24)
+            if fd >= 0:
+                return fd
+            err = ctypes.get_errno()
+            if err not in (errno.EAGAIN, errno.EINTR):
+                break
+        raise OSError(err, os.strerror(err), rel)
+
+
+def _readlink(name: str, dir_fd: int) -> str | None:
+    """The target of ``name`` in ``dir_fd`` when it is a symlink, else None."""
+    try:
+        return os.readlink(name, dir_fd=dir_fd)
+    except OSError:
+        return None
+
+
+class WalkResolver:
+    """The same resolution without openat2: one component at a time from the root's descriptor,
+    each opened ``O_PATH|O_NOFOLLOW`` (so no component is followed by the kernel), symlinks read
+    and expanded here: an absolute one restarts from the root (or is refused, beneath), ``..``
+    never climbs above the root, more than :data:`MAX_SYMLINKS` links is ELOOP.
+
+    Magic links (``/proc/<pid>/fd/N``) are read as ordinary symlinks: followed by their text,
+    beneath the root, where ``openat2`` refuses them (``RESOLVE_NO_MAGICLINKS``). Either way
+    nothing outside the root is reached.
+    """
+
+    name = "walk"
+
+    def __init__(self, root_fd: int) -> None:
+        self.root_fd = root_fd
+
+    def open(self, rel: str, flags: int, mode: int = 0, *, beneath: bool = False) -> int:
+        fd, _ = self._walk(rel, flags | _O_CLOEXEC, mode, beneath=beneath)
+        assert fd is not None
+        return fd
+
+    def resolve(self, rel: str) -> list[str]:
+        """The components of ``rel`` after resolving every link in-root (like realpath(3):
+        a missing component ends the resolution; the rest is kept as written)."""
+        return self._walk(rel, None, 0, beneath=False)[1]
+
+    def escape(self, rel: str) -> Escape | None:
+        """The first link on the way to ``rel`` that leads outside the root, if any."""
+        try:
+            self._walk(rel, None, 0, beneath=True)
+        except Escape as exc:
+            return exc
+        except OSError:
+            return None
+        return None
+
+    def _walk(self, rel: str, flags: int | None, mode: int, *, beneath: bool) -> tuple[int | None, list[str]]:
+        # ``todo`` is a stack (next component last); each carries the link that produced it
+        todo: list[tuple[str, tuple[str, str] | None]] = [(c, None) for c in reversed(rel.split("/")) if c]
+        fds: list[int] = []      # owned descriptors of the directories walked below the root
+        names: list[str] = []    # and their names
+        links = 0
+        try:
+            while todo:
+                name, origin = todo.pop()
+                if name == ".":
+                    continue
+                if name == "..":
+                    if fds:
+                        os.close(fds.pop())
+                        names.pop()
+                    elif beneath and origin is not None:
+                        raise Escape(*origin)
+                    continue
+                cur = fds[-1] if fds else self.root_fd
+                last = not todo
+                if last and flags is not None:
+                    fl, m = flags | os.O_NOFOLLOW, mode
+                elif last:
+                    fl, m = _O_PATH | os.O_NOFOLLOW | _O_CLOEXEC, 0
+                else:
+                    fl, m = _O_PATH | os.O_NOFOLLOW | os.O_DIRECTORY | _O_CLOEXEC, 0
+                target: str | None = None
+                try:
+                    fd = os.open(name, fl, m, dir_fd=cur)
+                except OSError as exc:
+                    if exc.errno in (errno.ELOOP, errno.ENOTDIR, errno.EMLINK):
+                        target = _readlink(name, cur)
+                    if target is None:
+                        if flags is None and exc.errno in (errno.ENOENT, errno.ENOTDIR):
+                            return None, names + [name] + [c for c, _ in reversed(todo)]
+                        raise
+                else:
+                    if fl & _O_PATH and not fl & os.O_DIRECTORY and stat.S_ISLNK(os.fstat(fd).st_mode):
+                        os.close(fd)
+                        target = _readlink(name, cur)
+                        if target is None:  # replaced under us
+                            raise OSError(errno.EAGAIN, os.strerror(errno.EAGAIN), rel)
+                    elif last:
+                        if flags is not None:
+                            return fd, names + [name]
+                        os.close(fd)
+                        return None, names + [name]
+                    else:
+                        fds.append(fd)
+                        names.append(name)
+                        continue
+                # a symlink: expand it in place
+                links += 1
+                if links > MAX_SYMLINKS:
+                    raise OSError(errno.ELOOP, os.strerror(errno.ELOOP), rel)
+                link = (("/" + "/".join(names + [name])), target)
+                if target.startswith("/"):
+                    if beneath:
+                        raise Escape(*link)
+                    while fds:
+                        os.close(fds.pop())
+                    names.clear()
+                todo.extend((c, link) for c in reversed(target.split("/")) if c)
+            # the path ended on a folder reached through '..', '.' or a link to one
+            if flags is not None:
+                return os.open(".", flags, mode, dir_fd=fds[-1] if fds else self.root_fd), list(names)
+            return None, list(names)
+        finally:
+            for fd in fds:
+                os.close(fd)
+
+
+def _fs_magic(fd: int) -> int | None:
+    """statfs(2) f_type of the filesystem holding ``fd``."""
+    buf = ctypes.create_string_buffer(512)
+    try:
+        if _libc().fstatfs(ctypes.c_int(fd), buf) != 0:
+            return None
+    except (OSError, AttributeError):
+        return None
+    return ctypes.c_long.from_buffer(buf).value
+
+
+RESOLVERS = ("auto", "openat2", "walk")
+
+
+class HostFS:
+    """Read and write the host's files beneath ``root``.
+
+    ``resolver``: ``auto`` (openat2 where the kernel has it, else the walk), ``openat2`` or
+    ``walk``; default from the environment variable ``GPU_TUNE_RESOLVER``, else ``auto``.
+    ``self.resolver`` names the one in use (``plain`` for the root ``/``).
+    """
+
+    def __init__(self, root: str | os.PathLike[str] = "/", *, resolver: str | None = None) -> None:
         path = Path(root)
         if not path.exists():
             raise InputError(f"--root {root}: no such directory")
@@ -68,15 +301,55 @@ class HostFS:
             raise InputError(f"--root {root}: no {' or '.join(d + '/' for d in missing)} under it: "
                              "not a host root (mount the host's /proc and /sys there)")
         self.root = path.resolve()
+        choice = resolver or os.environ.get("GPU_TUNE_RESOLVER") or "auto"
+        if choice not in RESOLVERS:
+            raise InputError(f"GPU_TUNE_RESOLVER={choice}: expected one of {', '.join(RESOLVERS)}")
+        self._root_fd = -1
+        self._plain = str(self.root) == "/" and choice == "auto"
+        if self._plain:
+            self.resolver = "plain"
+            return
+        self._root_fd = os.open(self.root, _O_PATH | os.O_DIRECTORY | _O_CLOEXEC)
+        self._walker = WalkResolver(self._root_fd)
+        self._resolve: Openat2Resolver | WalkResolver = self._walker
+        why = "GPU_TUNE_RESOLVER=walk"
+        if choice != "walk":
+            try:
+                self._resolve = Openat2Resolver(self._root_fd)
+                why = "the kernel has openat2"
+            except OSError as exc:
+                if choice == "openat2":
+                    raise InputError(f"openat2 is not available here: {_reason(exc)}") from None
+                why = f"openat2 is not available ({_reason(exc)})"
+        self.resolver = self._resolve.name
+        logging.getLogger("gpu_tune").debug("host paths resolve beneath %s with %s: %s", self.root,
+                                            self.resolver, why)
+
+    def __del__(self) -> None:
+        fd = getattr(self, "_root_fd", -1)
+        if fd >= 0:
+            self._root_fd = -1
+            try:
+                os.close(fd)
+            except OSError:
+                pass
 
     # -- paths -----------------------------------------------------------------------------
-    def path(self, host_path: str) -> Path:
-        """The real path of ``host_path`` (a kernel-style absolute path) under the root."""
-        rel = host_path.lstrip("/")
+    @staticmethod
+    def _rel(host_path: str) -> str:
+        rel = host_path.strip("/")
+        if "//" not in rel and "." not in rel:
+            return rel
         parts = [p for p in rel.split("/") if p not in ("", ".")]
         if ".." in parts:
             raise HostError(f"{host_path}: '..' is not allowed in host paths")
-        return self.root.joinpath(*parts) if parts else self.root
+        return "/".join(parts)
+
+    def path(self, host_path: str) -> Path:
+        """Where ``host_path`` lies under the root, for messages: the lexical join, before any
+        link is resolved. Never open it: HostFS's methods resolve beneath the root."""
+        rel = self._rel(host_path)
+        return self.root / rel if rel else self.root
 
     def host_path(self, real: str | os.PathLike[str]) -> str:
         """The kernel-style path of a real path under the root (inverse of :meth:`path`)."""
@@ -91,36 +364,89 @@ class HostFS:
         return real_s
 
     def realpath(self, host_path: str) -> str:
-        """Resolve symlinks (sysfs uses relative ones) and return the kernel-style path."""
-        return self.host_path(os.path.realpath(self.path(host_path)))
+        """Resolve symlinks beneath the root (sysfs uses relative ones); the kernel-style path."""
+        rel = self._rel(host_path)
+        if self._plain:
+            return os.path.realpath("/" + rel)
+        return "/" + "/".join(self._walker.resolve(rel))
+
+    def escape(self, host_path: str) -> str | None:
+        """Where a symlink on the way to ``host_path`` leads outside the root by its own text
+        (an absolute link, or '..' above the root): that link in words; else None."""
+        if self._plain:
+            return None
+        esc = self._walker.escape(self._rel(host_path))
+        return None if esc is None else f"the symlink {esc.link} -> {esc.target} leads outside --root {self.root}"
+
+    def _open(self, rel: str, flags: int, mode: int = 0, *, write: bool = False) -> int:
+        """A descriptor for ``rel`` resolved beneath the root; writes only through links that
+        stay beneath it. Raises OSError (:class:`Escape` where a link leads outside)."""
+        if self._plain:
+            return os.open("/" + rel, flags | _O_CLOEXEC, mode)
+        try:
+            return self._resolve.open(rel, flags, mode, beneath=write)
+        except Escape:
+            raise
+        except OSError as exc:
+            if write and exc.errno == errno.EXDEV:
+                raise self._walker.escape(rel) or exc from None
+            raise
+
+    def _error(self, host_path: str, exc: OSError, *, write: bool = False, what: str = "") -> HostError:
+        """One line naming the path, the reason and, where one is on the way, the link that
+        leads outside the root."""
+        if isinstance(exc, Escape):
+            return HostError(f"{host_path}: not written: the symlink {exc.link} -> {exc.target} leads "
+                             f"outside --root {self.root}", errno.EXDEV)
+        if exc.errno == errno.EISDIR:
+            return HostError(f"{host_path}: is a directory, expected a file", exc.errno)
+        msg = f"{what}{host_path}: {_reason(exc)}"
+        esc = self.escape(host_path)
+        if esc is not None:
+            msg += f" ({esc}; it is followed beneath the root)"
+        return HostError(msg, exc.errno)
 
     # -- reading ---------------------------------------------------------------------------
     def exists(self, host_path: str) -> bool:
-        return self.path(host_path).exists()
+        try:
+            os.close(self._open(self._rel(host_path), _O_PATH))
+            return True
+        except OSError:
+            return False
 
     def is_dir(self, host_path: str) -> bool:
-        return self.path(host_path).is_dir()
+        try:
+            os.close(self._open(self._rel(host_path), _O_PATH | os.O_DIRECTORY))
+            return True
+        except OSError:
+            return False
+
+    def _read(self, rel: str) -> bytes:
+        fd = self._open(rel, os.O_RDONLY)
+        try:
+            chunks = []
+            while True:
+                b = os.read(fd, 65536)
+                if not b:
+                    break
+                chunks.append(b)
+            return b"".join(chunks)
+        finally:
+            os.close(fd)
+
+    def _read_file(self, host_path: str) -> bytes:
+        try:
+            return self._read(self._rel(host_path))
+        except OSError as exc:
+            raise self._error(host_path, exc) from None
+
+    def read_bytes(self, host_path: str) -> bytes:
+        """The whole file; :class:`HostError` naming the path when it cannot be read."""
+        return self._read_file(host_path)
 
     def read_text(self, host_path: str) -> str:
         """The whole file as text; :class:`HostError` naming the path when it cannot be read."""
-        p = self.path(host_path)
-        try:
-            with open(p, "rb") as fh:
-                return fh.read().decode("utf-8", "replace")
-        except IsADirectoryError:
-            raise HostError(f"{host_path}: is a directory, expected a file") from None
-        except OSError as exc:
-            raise HostError(f"{host_path}: {_reason(exc)}", exc.errno) from None
-
-    def read_bytes(self, host_path: str) -> bytes:
-        p = self.path(host_path)
-        try:
-            with open(p, "rb") as fh:
-                return fh.read()
-        except IsADirectoryError:
-            raise HostError(f"{host_path}: is a directory, expected a file") from None
-        except OSError as exc:
-            raise HostError(f"{host_path}: {_reason(exc)}", exc.errno) from None
+        return self._read_file(host_path).decode("utf-8", "replace")
 
     def read_value(self, host_path: str) -> str:
         """A one-value kernel file, stripped."""
@@ -136,98 +462,191 @@ class HostFS:
     def listdir(self, host_path: str) -> list[str]:
         """Names in a directory, sorted; empty when it does not exist."""
         try:
-            return sorted(os.listdir(self.path(host_path)))
+            fd = self._open(self._rel(host_path), os.O_RDONLY | os.O_DIRECTORY)
         except (FileNotFoundError, NotADirectoryError):
             return []
         except OSError as exc:
-            raise HostError(f"{host_path}: {_reason(exc)}", exc.errno) from None
+            raise self._error(host_path, exc) from None
+        try:
+            return sorted(os.listdir(fd))
+        except OSError as exc:
+            raise self._error(host_path, exc) from None
+        finally:
+            os.close(fd)
 
     def pids(self) -> list[int]:
         return [int(n) for n in self.listdir("/proc") if n.isdigit()]
 
+    def is_kernel_file(self, host_path: str) -> bool:
+        """True when the file lives on procfs/sysfs (a knob), False for a regular file."""
+        try:
+            fd = self._open(self._rel(host_path), _O_PATH)
+        except OSError:
+            return False
+        try:
+            return _fs_magic(fd) in _KERNEL_FS_MAGIC
+        finally:
+            os.close(fd)
+
     # -- writing ---------------------------------------------------------------------------
+    def _write_into(self, host_path: str, data: bytes, what: str) -> None:
+        try:
+            fd = self._open(self._rel(host_path), os.O_WRONLY | os.O_TRUNC, write=True)
+        except OSError as exc:
+            raise self._error(host_path, exc, write=True) from None
+        try:
+            os.write(fd, data)
+        except OSError as exc:
+            raise self._error(host_path, exc, write=True, what=what) from None
+        finally:
+            os.close(fd)
+
     def write_text(self, host_path: str, value: str) -> None:
         """Write a value into an existing file (a kernel knob): never creates it.
 
         Kernel files take the bare choice (``madvise``, not ``always [madvise] never``).
         """
-        p = self.path(host_path)
-        if p.is_dir():
-            raise HostError(f"{host_path}: is a directory, expected a file")
-        try:
-            fd = os.open(p, os.O_WRONLY | os.O_TRUNC)
-        except OSError as exc:
-            raise HostError(f"{host_path}: {_reason(exc)}", exc.errno) from None
-        try:
-            data = value.encode()
-            os.write(fd, data)
-        except OSError as exc:
-            raise HostError(f"cannot write {value!r} to {host_path}: {_reason(exc)}", exc.errno) from None
-        finally:
-            os.close(fd)
+        self._write_into(host_path, value.encode(), f"cannot write {value!r} to ")
 
     def write_bytes_exact(self, host_path: str, data: bytes) -> None:
         """Write raw bytes into an existing regular file (restoring a fixture byte-for-byte)."""
-        p = self.path(host_path)
+        self._write_into(host_path, data, "")
+
+    def _dir_for_write(self, host_dir: str, *, create: bool, for_path: str = "") -> int:
+        """An ``O_RDONLY|O_DIRECTORY`` descriptor of ``host_dir`` resolved beneath the root
+        for writing, its missing folders created (0755) when ``create``. Raises HostError."""
+        rel = self._rel(host_dir)
+        parts = rel.split("/") if rel else []
+        flags = os.O_RDONLY | os.O_DIRECTORY
         try:
-            fd = os.open(p, os.O_WRONLY | os.O_TRUNC)
+            return self._open(rel, flags, write=True)
+        except FileNotFoundError:
+            if not create:
+                raise
         except OSError as exc:
-            raise HostError(f"{host_path}: {_reason(exc)}", exc.errno) from None
-        try:
-            os.write(fd, data)
-        except OSError as exc:
-            raise HostError(f"{host_path}: {_reason(exc)}", exc.errno) from None
-        finally:
+            raise self._error(for_path or host_dir, exc, write=True) from None
+        # create the missing folders one level at a time, each beneath the root
+        for i in range(1, len(parts) + 1):
+            here = "/".join(parts[:i])
+            try:
+                fd = self._open(here, flags, write=True)
+            except FileNotFoundError:
+                try:
+                    pfd = self._open("/".join(parts[:i - 1]), flags, write=True)
+                    try:
+                        os.mkdir(parts[i - 1], 0o755, dir_fd=pfd)
+                    except FileExistsError:
+                        pass
+                    finally:
+                        os.close(pfd)
+                    fd = self._open(here, flags, write=True)
+                except OSError as exc:
+                    raise self._error("/" + here, exc, write=True) from None
+            except OSError as exc:
+                raise self._error("/" + here, exc, write=True) from None
+            if i == len(parts):
+                return fd
             os.close(fd)
+        raise HostError(f"{host_dir}: cannot be created")  # pragma: no cover (parts is never empty here)
 
     def write_file_atomic(self, host_path: str, data: bytes, mode: int = 0o644) -> None:
-        """Create or replace a regular file crash-safely: temp file, fsync, rename, fsync dir."""
-        p = self.path(host_path)
+        """Create or replace a regular file crash-safely: temp file, fsync, rename, fsync dir.
+
+        The folder is resolved beneath the root (missing ones created); the file itself must be
+        a regular file or absent: a symlink there is refused, not followed or replaced.
+        """
+        rel = self._rel(host_path)
+        if not rel:
+            raise HostError(f"{host_path}: not a file")
+        parent, _, name = rel.rpartition("/")
+        dfd = self._dir_for_write("/" + parent, create=True, for_path=host_path)
+        tmp = ""
         try:
-            atomic_write(p, data, mode)
+            try:
+                st = os.stat(name, dir_fd=dfd, follow_symlinks=False)
+            except FileNotFoundError:
+                st = None
+            if st is not None and stat.S_ISLNK(st.st_mode):
+                target = os.readlink(name, dir_fd=dfd)
+                raise HostError(f"{host_path}: not written: it is a symlink (-> {target}); only a regular "
+                                "file is replaced", errno.ELOOP)
+            if st is not None and stat.S_ISDIR(st.st_mode):
+                raise HostError(f"{host_path}: is a directory, expected a file", errno.EISDIR)
+            for _ in range(100):
+                tmp = f".{name}.{os.urandom(6).hex()}"
+                try:
+                    fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW | _O_CLOEXEC,
+                                 0o600, dir_fd=dfd)
+                    break
+                except FileExistsError:
+                    continue
+            else:  # pragma: no cover
+                raise OSError(errno.EEXIST, "no free temporary name")
+            try:
+                view = memoryview(data)
+                while view:
+                    view = view[os.write(fd, view):]
+                os.fsync(fd)
+                os.fchmod(fd, mode)
+            finally:
+                os.close(fd)
+            os.replace(tmp, name, src_dir_fd=dfd, dst_dir_fd=dfd)
+            tmp = ""
+            os.fsync(dfd)
         except OSError as exc:
-            where = host_path if p.parent.exists() else self.host_path(p.parent)
-            raise HostError(f"{where}: {_reason(exc)}", exc.errno) from None
+            raise self._error(host_path, exc, write=True) from None
+        finally:
+            if tmp:
+                try:
+                    os.unlink(tmp, dir_fd=dfd)
+                except OSError:
+                    pass
+            os.close(dfd)
+
+    def open_lock_file(self, host_path: str) -> int:
+        """A read-write descriptor of a lock file (created 0600, with its folders), beneath the
+        root. The caller closes it. Raises HostError."""
+        rel = self._rel(host_path)
+        parent = rel.rpartition("/")[0]
+        os.close(self._dir_for_write("/" + parent, create=True, for_path=host_path))
+        try:
+            return self._open(rel, os.O_RDWR | os.O_CREAT, 0o600, write=True)
+        except OSError as exc:
+            raise self._error(host_path, exc, write=True) from None
 
     def remove(self, host_path: str) -> None:
+        """Remove a file (a symlink there is removed itself, never followed)."""
+        rel = self._rel(host_path)
+        parent, _, name = rel.rpartition("/")
         try:
-            self.path(host_path).unlink()
+            dfd = self._dir_for_write("/" + parent, create=False, for_path=host_path)
+        except FileNotFoundError:
+            return
+        try:
+            os.unlink(name, dir_fd=dfd)
         except FileNotFoundError:
             pass
         except OSError as exc:
-            raise HostError(f"{host_path}: {_reason(exc)}", exc.errno) from None
+            raise self._error(host_path, exc, write=True) from None
+        finally:
+            os.close(dfd)
 
     def rmdir_if_empty(self, host_path: str) -> bool:
         """Remove an empty folder (one the tool created); leave it when anything is in it."""
+        rel = self._rel(host_path)
+        parent, _, name = rel.rpartition("/")
         try:
-            self.path(host_path).rmdir()
+            dfd = self._dir_for_write("/" + parent, create=False)
+        except FileNotFoundError:
+            return True
+        except HostError:
+            return False
+        try:
+            os.rmdir(name, dir_fd=dfd)
             return True
         except FileNotFoundError:
             return True
         except OSError:
             return False
-
-    # -- what kind of file -----------------------------------------------------------------
-    @cached_property
-    def _mounts(self) -> list[tuple[str, str]]:
-        """(mount point, fs type) of this process's mounts, longest mount point first."""
-        out: list[tuple[str, str]] = []
-        try:
-            with open("/proc/self/mounts", encoding="utf-8") as fh:
-                for line in fh:
-                    fields = line.split()
-                    if len(fields) >= 3:
-                        mnt = fields[1].replace("\\040", " ")
-                        out.append((mnt, fields[2]))
-        except OSError:
-            pass
-        out.sort(key=lambda m: len(m[0]), reverse=True)
-        return out
-
-    def is_kernel_file(self, host_path: str) -> bool:
-        """True when the file lives on procfs/sysfs (a knob), False for a regular file."""
-        real = os.path.realpath(self.path(host_path))
-        for mnt, fstype in self._mounts:
-            if real == mnt or real.startswith(mnt.rstrip("/") + "/"):
-                return fstype in KERNEL_FS_TYPES
-        return False
+        finally:
+            os.close(dfd)

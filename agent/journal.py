@@ -9,6 +9,7 @@ or the new journal, never a torn one. ``<root>/var/lib/gpu-tune/lock`` serialise
 
 from __future__ import annotations
 
+import base64
 import errno
 import fcntl
 import json
@@ -18,13 +19,68 @@ from contextlib import contextmanager
 from datetime import datetime, timezone
 from typing import Any, Iterator
 
-from .errors import HostError, LockBusy
+from .errors import HostError, InputError, LockBusy
 from .hostfs import HostFS
 
 STATE_DIR = "/var/lib/gpu-tune"
 JOURNAL = f"{STATE_DIR}/journal.json"
 LOCK = f"{STATE_DIR}/lock"
 FORMAT = 1
+
+
+class JournalError(HostError, InputError):
+    """The journal on disk is not one this tool wrote: bad input (exit 2) naming the file and the
+    entry. Still a :class:`HostError`, so an apply reports it per setting and writes nothing."""
+
+    exit_code = 2
+
+
+_SCALAR = (str, int, float, bool, type(None))
+MAX_SEQ = 2**63 - 1
+
+
+def _is_path(v: Any) -> bool:
+    return isinstance(v, str) and v.startswith("/") and "\0" not in v
+
+
+def _is_raw(v: Any) -> bool:
+    if v is None:
+        return True
+    try:
+        base64.b64decode(v, validate=True)
+    except (TypeError, ValueError):
+        return False
+    return True
+
+
+def _check_entry(e: Any) -> str:
+    """What is wrong with one journal entry, or '' when it is well formed."""
+    if not isinstance(e, dict):
+        return f"expected an object, got {type(e).__name__}"
+    for k in ("id", "target", "family"):
+        if not isinstance(e.get(k), str) or not e[k]:
+            return f"{k}: expected a non-empty string, got {e.get(k)!r}"[:160]
+    checks: tuple[tuple[str, Any, str], ...] = (
+        ("seq", lambda v: isinstance(v, int) and not isinstance(v, bool) and 0 <= v <= MAX_SEQ,
+         f"an integer 0..{MAX_SEQ}"),
+        ("index", lambda v: isinstance(v, int) and not isinstance(v, bool) and 0 <= v <= 1023, "an integer 0..1023"),
+        ("ncpus", lambda v: v is None or (isinstance(v, int) and not isinstance(v, bool) and 1 <= v <= 8192),
+         "an integer 1..8192"),
+        ("path", lambda v: v is None or _is_path(v), "an absolute path"),
+        ("raw", _is_raw, "base64 text"),
+        ("value", lambda v: isinstance(v, _SCALAR), "a string or a number"),
+        ("uuid", lambda v: v is None or isinstance(v, str), "a string"),
+        ("absent", lambda v: isinstance(v, bool), "true or false"),
+        ("created_dirs", lambda v: isinstance(v, list) and all(_is_path(d) for d in v), "a list of paths"),
+        ("files", lambda v: isinstance(v, list) and all(
+            isinstance(f, dict) and _is_path(f.get("path"))
+            and isinstance(f.get("value", "0"), _SCALAR) and _is_raw(f.get("raw"))
+            for f in v), "a list of {path, value, raw} objects"),
+    )
+    for key, ok, want in checks:
+        if key in e and not ok(e[key]):
+            return f"{key}: expected {want}, got {e[key]!r}"[:160]
+    return ""
 
 
 def _now() -> str:
@@ -49,17 +105,24 @@ class Journal:
             self._seq = 0
             return self
         text = self.fs.read_text(JOURNAL)
+        where = f"{JOURNAL} under {self.fs.root}"
         try:
             doc = json.loads(text)
+            if not isinstance(doc, dict) or "entries" not in doc:
+                raise ValueError('expected an object with "entries"')
             entries = doc["entries"]
             if not isinstance(entries, list):
                 raise ValueError("entries is not a list")
             for n, e in enumerate(entries):
-                if not isinstance(e, dict) or not all(isinstance(e.get(k), str) for k in ("id", "target", "family")):
-                    raise ValueError(f"entry {n} lacks id/target/family")
-        except (ValueError, KeyError, TypeError) as exc:
-            raise HostError(f"{JOURNAL}: unreadable journal ({exc}); originals kept in it are not lost: "
-                            "fix or move the file by hand") from None
+                problem = _check_entry(e)
+                if problem:
+                    raise ValueError(f"entry {n}: {problem}")
+        except RecursionError:
+            raise JournalError(f"{where}: unreadable journal (nested too deep); originals kept in it are "
+                               "not lost: fix or move the file by hand") from None
+        except ValueError as exc:
+            raise JournalError(f"{where}: unreadable journal ({str(exc).splitlines()[0]}); originals kept "
+                               "in it are not lost: fix or move the file by hand") from None
         self.entries = entries
         self._seq = max((int(e.get("seq", 0)) for e in entries), default=0)
         return self
@@ -87,15 +150,14 @@ class Journal:
         return sorted(self.entries, key=lambda e: int(e.get("seq", 0)), reverse=True)
 
 
-@contextmanager
-def locked(fs: HostFS, timeout: float = 30.0) -> Iterator[None]:
-    """Hold the apply/revert lock; wait up to ``timeout`` seconds, then raise :class:`LockBusy`."""
-    path = fs.path(LOCK)
+def acquire(fs: HostFS, timeout: float = 30.0) -> int:
+    """Take the apply/revert lock: a descriptor of ``<root>/var/lib/gpu-tune/lock`` holding an
+    exclusive flock (closing it releases the lock). Waits up to ``timeout`` seconds, then raises
+    :class:`LockBusy`; :class:`HostError` when the lock file cannot be created."""
     try:
-        path.parent.mkdir(parents=True, exist_ok=True)
-        fd = os.open(path, os.O_RDWR | os.O_CREAT, 0o600)
-    except OSError as exc:
-        raise HostError(f"{STATE_DIR}: cannot take the apply/revert lock: {exc.strerror}", exc.errno) from None
+        fd = fs.open_lock_file(LOCK)
+    except HostError as exc:
+        raise HostError(f"cannot take the apply/revert lock: {exc}", exc.errno) from None
     try:
         deadline = time.monotonic() + timeout
         while True:
@@ -120,6 +182,22 @@ def locked(fs: HostFS, timeout: float = 30.0) -> Iterator[None]:
             os.pwrite(fd, str(os.getpid()).encode(), 0)
         except OSError:
             pass
+    except BaseException:
+        os.close(fd)
+        raise
+    return fd
+
+
+def release(fd: int) -> None:
+    """Let go of the lock taken by :func:`acquire`."""
+    os.close(fd)  # closing the descriptor releases the flock
+
+
+@contextmanager
+def locked(fs: HostFS, timeout: float = 30.0) -> Iterator[None]:
+    """Hold the apply/revert lock; wait up to ``timeout`` seconds, then raise :class:`LockBusy`."""
+    fd = acquire(fs, timeout)
+    try:
         yield
     finally:
-        os.close(fd)  # closing the descriptor releases the flock
+        release(fd)

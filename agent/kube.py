@@ -24,8 +24,10 @@ One pass (:meth:`KubePublisher.publish`):
    ``lastHeartbeatTime`` is older than ``heartbeat_s`` (default :data:`HEARTBEAT_S`, 10 minutes):
    that is how ``gpu-tune fleet`` tells a live agent from a stopped one (``fleet --stale-after``).
    Passes in between write nothing.
-5. On a status flip (or the first condition): one core v1 Event on the Node. If posting it
-   fails, it is kept and posted on the next pass.
+5. On a status flip (or the first condition): one core v1 Event on the Node, in the agent's own
+   namespace (:func:`event_namespace`: ``POD_NAMESPACE``, else the service account's namespace
+   file, else ``default``), so that a namespaced Role is all it needs. If posting it fails, it is
+   kept and posted on the next pass.
 
 409 -> read again and retry; 429, 5xx and connection errors -> retry with jittered exponential
 backoff (bounded in attempts and seconds); 403 -> the pass fails with the RBAC rule that is
@@ -68,7 +70,10 @@ SERVICE_HOST_ENV = "KUBERNETES_SERVICE_HOST"
 SERVICE_TOKEN_FILE = "/var/run/secrets/kubernetes.io/serviceaccount/token"
 MERGE_PATCH = "application/merge-patch+json"
 STRATEGIC_MERGE_PATCH = "application/strategic-merge-patch+json"
-EVENT_NAMESPACE = "default"  # where the kubelet and node controllers put Node events
+SERVICE_NAMESPACE_FILE = "/var/run/secrets/kubernetes.io/serviceaccount/namespace"
+POD_NAMESPACE_ENV = "POD_NAMESPACE"  # the downward API's metadata.namespace
+# Outside a pod (a person's `gpu-tune label --kubeconfig`): where the kubelet puts Node events.
+EVENT_NAMESPACE = "default"
 COMPONENT = "gpu-tune"
 HEARTBEAT_S = 600.0  # the GPUHostReady condition is re-written at least this often (seconds)
 LIST_PAGE_SIZE = 500  # Nodes per page of a list call (kubectl's default chunk size)
@@ -76,6 +81,11 @@ LIST_PAGE_SIZE = 500  # Nodes per page of a list call (kubectl's default chunk s
 
 # -- results ----------------------------------------------------------------------------------
 GPU_RESOURCE = "nvidia.com/gpu"  # the NVIDIA device plugin's extended resource
+# Labels others put on a Node that has NVIDIA GPUs: node-feature-discovery (PCI vendor 10de) and
+# the GPU Operator's feature discovery. Read, never written.
+GPU_PRESENT_LABELS = ("feature.node.kubernetes.io/pci-10de.present", "nvidia.com/gpu.present")
+# The label that overrides the agent's --mode on one Node (see agent/service.py, docs/deploy.md).
+MODE_LABEL = PREFIX + "mode"
 
 
 @dataclass(frozen=True)
@@ -96,6 +106,9 @@ class PublishResult:
     node_read: bool = False
     gpu_capacity: int | None = None
     gpu_allocatable: int | None = None
+    gpu_expected: tuple[str, ...] = ()
+    mode_request: str | None = None
+    condition_status: str | None = None
 
     def as_check(self) -> dict[str, Any]:
         return {"name": "publish", "ok": self.ok, "detail": self.detail}
@@ -103,7 +116,9 @@ class PublishResult:
     def as_dict(self) -> dict[str, Any]:
         return {"ok": self.ok, "detail": self.detail, "writes": self.writes, "reads": self.reads,
                 "changed": list(self.changed), "node_read": self.node_read,
-                "gpu_capacity": self.gpu_capacity, "gpu_allocatable": self.gpu_allocatable}
+                "gpu_capacity": self.gpu_capacity, "gpu_allocatable": self.gpu_allocatable,
+                "gpu_expected": list(self.gpu_expected), "mode_request": self.mode_request,
+                "condition_status": self.condition_status}
 
 
 def resource_count(node: dict[str, Any], where: str, resource: str = GPU_RESOURCE) -> int | None:
@@ -116,11 +131,24 @@ def resource_count(node: dict[str, Any], where: str, resource: str = GPU_RESOURC
     return int(text) if text.isdigit() else None
 
 
+def gpu_expected(node: dict[str, Any]) -> tuple[str, ...]:
+    """Why the Node says it has NVIDIA GPUs: NFD's or the GPU Operator's label set to ``true``,
+    or device-plugin capacity ``nvidia.com/gpu`` above 0 (empty: it says nothing of the kind)."""
+    labels = (node.get("metadata") or {}).get("labels") or {}
+    why = [f"label {k}=true" for k in GPU_PRESENT_LABELS if str(labels.get(k, "")).lower() == "true"]
+    cap = resource_count(node, "capacity")
+    if cap:
+        why.append(f"capacity {GPU_RESOURCE}={cap}")
+    return tuple(why)
+
+
 class Publisher(Protocol):
     enabled: bool
     node: str | None
 
     def publish(self, want: NodeWant, *, dry_run: bool = False) -> PublishResult: ...
+
+    def read(self) -> PublishResult: ...
 
     def describe(self) -> str: ...
 
@@ -138,6 +166,9 @@ class NullPublisher:
 
     def publish(self, want: NodeWant, *, dry_run: bool = False) -> PublishResult:
         return PublishResult(writes=0, changed=[], ok=True, detail=f"kubernetes publishing off: {self.reason}")
+
+    def read(self) -> PublishResult:
+        return self.publish(None)  # type: ignore[arg-type]
 
     def describe(self) -> str:
         return f"kubernetes: off ({self.reason})"
@@ -286,7 +317,11 @@ class CoreV1:
     def __init__(self, configuration: Any) -> None:
         from kubernetes import client
 
+        from . import __version__
+
         self.client = client.ApiClient(configuration)
+        # what the API server's audit log and metrics name the caller by (not the generator's)
+        self.client.user_agent = f"gpu-tune/{__version__}"
 
     def request(self, method: str, path: str, *, query: list[tuple[str, Any]] | None = None, body: Any = None,
                 content_type: str | None = None, timeout: Any = None) -> bytes:
@@ -330,13 +365,19 @@ class _Pass:
     writes: int = 0
     changed: list[str] = field(default_factory=list)
     node: dict[str, Any] | None = None  # the Node as last read this pass
+    first: dict[str, Any] | None = None  # the Node as first read this pass (before our writes)
 
     def result(self, ok: bool, detail: str) -> PublishResult:
         node = self.node
+        if node is None:
+            return PublishResult(writes=self.writes, changed=self.changed, ok=ok, detail=detail, reads=self.reads)
+        cond = find_condition(self.first or node)
+        mode = ((node.get("metadata") or {}).get("labels") or {}).get(MODE_LABEL)
         return PublishResult(writes=self.writes, changed=self.changed, ok=ok, detail=detail, reads=self.reads,
-                             node_read=node is not None,
-                             gpu_capacity=None if node is None else resource_count(node, "capacity"),
-                             gpu_allocatable=None if node is None else resource_count(node, "allocatable"))
+                             node_read=True, gpu_capacity=resource_count(node, "capacity"),
+                             gpu_allocatable=resource_count(node, "allocatable"), gpu_expected=gpu_expected(node),
+                             mode_request=str(mode) if mode is not None else None,
+                             condition_status=None if cond is None else str(cond.get("status")))
 
 
 def _api_message(exc: Any) -> str:
@@ -389,7 +430,8 @@ class KubePublisher:
         self._node_cache: dict[str, Any] | None = None  # the Node as last read or written
 
     def describe(self) -> str:
-        return f"kubernetes: node {self.node} via {self.source or 'configuration'} ({self._host})"
+        return (f"kubernetes: node {self.node} via {self.source or 'configuration'} ({self._host}), "
+                f"events in namespace {self._event_ns}")
 
     def close(self) -> None:
         try:
@@ -418,10 +460,14 @@ class KubePublisher:
                     raise _Conflict() from None
                 if status == 409 and resource == "events":
                     return {}  # the same Event from an earlier attempt is already there
+                if status == 403 and "denied request" in _api_message(exc):
+                    raise _Failed(f"{verb} {resource}: refused by admission: {_api_message(exc)}") from None
                 if status == 403:
+                    where = (f"a Role rule in namespace {self._event_ns}" if resource == "events"
+                             else "a ClusterRole rule")
                     raise _Failed(
                         f"forbidden: may not {verb} {resource} ({_api_message(exc)}); grant the agent's "
-                        f'service account a ClusterRole rule apiGroups: [""], resources: ["{resource}"], '
+                        f'service account {where} apiGroups: [""], resources: ["{resource}"], '
                         f'verbs: ["{verb}"]') from None
                 if status == 401:
                     raise _Failed(f"unauthorized: the API server rejected the credentials ({_api_message(exc)})") from None
@@ -447,7 +493,23 @@ class KubePublisher:
             "GET", _node_path(self.node), timeout=self._timeout), write=False)
         self._node_cache = node
         ctx.node = node
+        if ctx.first is None:
+            ctx.first = node
         return node
+
+    def read(self) -> PublishResult:
+        """One read of the Node, no write: the facts a verdict needs before the first publish
+        (device-plugin capacity, the labels saying the node has GPUs, the mode label, the
+        condition as the previous agent left it)."""
+        with self._lock:
+            ctx = _Pass()
+            try:
+                self._read_node(ctx)
+                return ctx.result(True, f"node {self.node} read")
+            except _Failed as f:
+                return ctx.result(False, f.detail)
+            except Exception as exc:  # noqa: BLE001 - a failed read is a value
+                return ctx.result(False, f"unexpected {type(exc).__name__}: {_first_line(exc)}")
 
     # -- one pass ----------------------------------------------------------------------------
     def publish(self, want: NodeWant, *, dry_run: bool = False) -> PublishResult:
@@ -563,6 +625,33 @@ def _in_cluster() -> bool:
     return bool(os.environ.get(SERVICE_HOST_ENV)) and Path(SERVICE_TOKEN_FILE).is_file()
 
 
+def _is_namespace_name(name: str) -> bool:
+    """A DNS-1123 label, as namespace names are."""
+    import re
+
+    return len(name) <= 63 and re.fullmatch(r"[a-z0-9]([-a-z0-9]*[a-z0-9])?", name) is not None
+
+
+def event_namespace() -> str:
+    """The namespace the agent posts its Events to: its own pod's.
+
+    ``POD_NAMESPACE`` (the downward API's ``metadata.namespace``), else the in-cluster service
+    account's namespace file, else :data:`EVENT_NAMESPACE` (``default``, for a kubeconfig run
+    outside a pod). InputError for a value that is not a namespace name."""
+    value, where = os.environ.get(POD_NAMESPACE_ENV, "").strip(), POD_NAMESPACE_ENV
+    if not value:
+        where = SERVICE_NAMESPACE_FILE
+        try:
+            value = Path(SERVICE_NAMESPACE_FILE).read_text(encoding="utf-8").strip()
+        except (OSError, UnicodeDecodeError):
+            value = ""
+    if not value:
+        return EVENT_NAMESPACE
+    if not _is_namespace_name(value):
+        raise InputError(f"{where} {value[:80]!r}: not a namespace name (lower-case DNS-1123 label)")
+    return value
+
+
 def make_publisher(node_name: str | None, kubeconfig: str | None, no_kube: bool, **options: Any) -> Publisher:
     """The publisher for this run, chosen once and logged in one line.
 
@@ -586,6 +675,7 @@ def make_publisher(node_name: str | None, kubeconfig: str | None, no_kube: bool,
         return pub
     if node is None:
         raise InputError("node name: pass --node NAME or set NODE_NAME (the downward API's spec.nodeName)")
+    options.setdefault("event_namespace", event_namespace())
 
     from kubernetes import client, config
 

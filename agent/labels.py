@@ -40,19 +40,22 @@ wrote; stale ones are removed on the next publish, others' labels are never touc
     {"v": 1, "drift": 1225,
      "failing": [{"check": "tuning.compliant", "detail": "1225 setting(s) not compliant ..."}],
      "probe": {"0": {"status": "passed", "accuracy": 0.9812, "fingerprint": "3f2a9c1d",
-                     "peer_group": "NVIDIA H100 80GB HBM3 | driver 580 | ...",
-                     "launch_bound": 41000, "device_bound": 99000}}}
+                     "peer_group": "NVIDIA H100 80GB HBM3 | driver 580 | ..."}}}
 
 ``drift`` is the number of audit rows in drift, conflict or error (null before the first audit);
 ``failing`` the failing readiness checks with their detail (readings that move from pass to pass,
-a GPU's utilization or temperature, are left out of it); ``probe`` one entry per probe target with
-images/s per regime rounded to two significant figures. Only values that stay put on a steady node
-go in, so a steady node makes no write; the value stays under :data:`MAX_SUMMARY_ANNOTATION`.
+a GPU's utilization or temperature, are left out of it); ``probe`` one entry per probe target: its
+status, the accuracy and fingerprint of the deterministic run. Only values that stay put on a
+steady node go in, so a steady node makes no write, restarts included: the probe's images/s vary
+from run to run on the same node (9.8k to 15k measured) and stay in the metrics and ``/probe``.
+The value stays under :data:`MAX_SUMMARY_ANNOTATION`.
 
 Condition ``GPUHostReady`` (status ``True``/``False``) and the taint
 ``gpu-tune.io/not-ready:NoSchedule``: ``taint_wanted`` is ``False`` when ready (remove it),
 ``True`` when not ready and the profile puts it back (add it), ``None`` when not ready and the
-profile does not put it back (leave the node's taints as they are).
+profile does not put it back (leave the node's taints as they are). In mode ``audit`` and
+``revert`` it is always ``False``: the read-only agent never puts the taint on (whatever the
+profile says), and takes it off should an enforcing agent or an older version have left it.
 """
 
 from __future__ import annotations
@@ -65,7 +68,6 @@ from typing import Any, Iterable, Mapping, Sequence
 from .probe_figures import identity as probe_identity
 from .probe_figures import number as _number
 from .probe_figures import result_of
-from .probe_figures import throughput as probe_throughput
 
 PREFIX = "gpu-tune.io/"
 FORBIDDEN_PREFIXES = ("nvidia.com/", "feature.node.kubernetes.io/")
@@ -152,7 +154,7 @@ def sanitize_label_value(s: Any) -> str:
 
 
 def is_valid_label_value(s: str) -> bool:
-    return len(s) <= MAX_LABEL_VALUE and bool(LABEL_VALUE_RE.match(s))
+    return len(s) <= MAX_LABEL_VALUE and bool(LABEL_VALUE_RE.fullmatch(s))
 
 
 def _node_of(g: dict[str, Any]) -> int | None:
@@ -205,7 +207,7 @@ def gpu_numa_map(gpus: Iterable[dict[str, Any]]) -> str:
 def _condition_reason(reason: str, ready: bool) -> str:
     """CamelCase reason as Kubernetes conditions use (``probe failed`` -> ``ProbeFailed``)."""
     reason = (reason or "").strip()
-    if reason and REASON_RE.match(reason):
+    if reason and REASON_RE.fullmatch(reason):
         return reason[:128]
     words = re.findall(r"[A-Za-z0-9]+", reason)
     camel = "".join(w[:1].upper() + w[1:] for w in words)
@@ -268,15 +270,6 @@ def _put(labels: dict[str, str], key: str, value: Any) -> None:
         labels[key] = v
 
 
-def sig2(x: float) -> float | int:
-    """Two significant figures (41234.5 -> 41000, 0.01234 -> 0.012): a throughput that wobbles from
-    run to run keeps the same value."""
-    if x == 0:
-        return 0
-    r = float(f"{x:.2g}")
-    return int(r) if abs(r) >= 100 else r
-
-
 def stable_detail(detail: str) -> str:
     """A check's detail without the readings that move from pass to pass, at most
     :data:`MAX_SUMMARY_DETAIL` characters."""
@@ -314,9 +307,6 @@ def node_summary(*, audit: Mapping[str, Any] | None, checks: Iterable[Any] | Non
         ident = probe_identity(res)
         if ident is not None:
             entry["fingerprint"], entry["peer_group"] = ident
-        for regime, vals in probe_throughput(res).items():
-            if "images_per_second" in vals:
-                entry[regime] = sig2(vals["images_per_second"])
         probe[str(p.get("gpu", "?"))] = entry
     doc["probe"] = probe
     return doc
@@ -354,6 +344,7 @@ def desired_node_state(
     checks: Iterable[Any] | None = None,
     audit: Mapping[str, Any] | None = None,
     probes: Sequence[Mapping[str, Any]] | None = None,
+    mode: str = "enforce",
 ) -> NodeWant:
     """The labels, annotations, ``GPUHostReady`` condition and taint wish for one verdict.
 
@@ -362,6 +353,7 @@ def desired_node_state(
     Keep ``message`` free of changing readings: a different message means a status write.
     ``checks`` (the verdict's checks, decided before publishing), ``audit`` (the audit document)
     and ``probes`` (probe verdict documents) make the ``gpu-tune.io/summary`` annotation.
+    ``mode`` ``audit`` or ``revert``: the taint is never wanted (see the module docstring).
     """
     topology = topology if isinstance(topology, dict) else {}
     rows = _gpu_rows(gpus, topology)
@@ -406,7 +398,7 @@ def desired_node_state(
         "reason": _condition_reason(reason, ready),
         "message": (message or "").strip()[:MAX_CONDITION_MESSAGE],
     }
-    if ready:
+    if ready or mode in ("audit", "revert"):
         taint: bool | None = False
     else:
         taint = True if taint_when_not_ready else None

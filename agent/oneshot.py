@@ -2,6 +2,11 @@
 
 The probe is not run here (it takes seconds to minutes); the latest verdicts saved by
 ``gpu-tune probe`` or the agent are used, and their absence is a failed probe check.
+
+The verdict is the agent's (:func:`agent.readiness.verdict`, judged the way ``serve`` judges a
+pass): the Node is read first, so the device plugin's capacity (``gpu.allocatable``) and the
+labels saying the node has GPUs (``gpu.visible``) are judged here too, and the condition names
+the same checks as the printed verdict.
 """
 
 from __future__ import annotations
@@ -37,18 +42,22 @@ def label_once(g: Any, *, profile: str, node: str | None, kubeconfig: str | None
     probes = load_probe_results(fs, prof.name)
     if probes is None:
         errors["probe"] = "no probe result yet: run `gpu-tune probe` (or the agent) first"
-    v = verdict(profile=prof, audit=report, gpus=gpus, topology=topo_doc, probes=probes or [], errors=errors)
-    topo_for_labels = {**(topo_doc or {}), "cuda_driver_version": backend.cuda_driver_version()}
-    want = desired_node_state(profile=prof.name, ready=v.ready, reason=v.reason(), message=v.message(),
-                              topology=topo_for_labels, gpus=gpus, driver_version=backend.driver_version(),
-                              taint_when_not_ready=prof.readiness.taint,
-                              checks=v.checks, audit=report, probes=probes)
     name = node_name(node)
     publisher = make_publisher(name, kubeconfig, False)
     try:
+        facts = publisher.read()
+        judge = dict(profile=prof, audit=report, gpus=gpus, topology=topo_doc, probes=probes or [],
+                     errors=errors, last_publish=facts if facts.node_read else None)
+        pre = verdict(**judge, pending_publish=True)
+        topo_for_labels = {**(topo_doc or {}), "cuda_driver_version": backend.cuda_driver_version()}
+        want = desired_node_state(profile=prof.name, ready=pre.ready, reason=pre.reason(), message=pre.message(),
+                                  topology=topo_for_labels, gpus=gpus, driver_version=backend.driver_version(),
+                                  taint_when_not_ready=prof.readiness.taint,
+                                  checks=pre.checks, audit=report, probes=probes)
         result = publisher.publish(want, dry_run=dry_run)
     finally:
         publisher.close()
+    v = pre if dry_run else verdict(**judge, publish=result)
     doc = {"node": name, "ready": v.ready, "checks": [c.as_dict() for c in v.checks],
            "publisher": publisher.describe(), "dry_run": dry_run, "want": want.as_dict(),
            "result": result.as_dict()}

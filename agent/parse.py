@@ -11,8 +11,26 @@ class ParseError(ValueError):
 
 
 # -- CPU lists: "0-3,8,10-11" ---------------------------------------------------------------
+# The kernel's own ceiling: NR_CPUS is at most 8192 (CONFIG_NR_CPUS_RANGE_END), so no CPU id is
+# above 8191. Checked on every number before a range is expanded, so a list such as
+# "0-4000000000" is refused in microseconds instead of allocating billions of ints.
+MAX_CPU = 8191
+
+
+def _cpu_id(text: str, what: str = "CPU") -> int:
+    t = text.strip()
+    if not t or not (t.isascii() and t.isdigit()):
+        raise ParseError(f"bad {what} {text!r} in a CPU list")
+    if len(t) > 5 or int(t) > MAX_CPU:
+        raise ParseError(f"{what} {t} is above the kernel's largest CPU id {MAX_CPU}")
+    return int(t)
+
+
 def parse_cpulist(text: str) -> frozenset[int]:
-    """Parse a kernel CPU list (``0-3,8,10-11``, ``0-15:2`` strides, empty string)."""
+    """Parse a kernel CPU list (``0-3,8,10-11``, ``0-15:2`` strides, empty string).
+
+    Every id must be 0..:data:`MAX_CPU`; anything else is a :class:`ParseError`.
+    """
     out: set[int] = set()
     text = text.strip()
     if not text:
@@ -26,17 +44,17 @@ def parse_cpulist(text: str) -> frozenset[int]:
             part, s = part.split(":", 1)
             if "/" in s:  # "0-15:2/4" group form: take the stride only
                 s = s.split("/", 1)[0]
-            stride = int(s)
+            stride = _cpu_id(s, "stride")
+            if stride < 1:
+                raise ParseError(f"bad stride {s!r} in a CPU list")
         if "-" in part:
             a, b = part.split("-", 1)
-            lo, hi = int(a), int(b)
+            lo, hi = _cpu_id(a), _cpu_id(b)
             if hi < lo:
                 raise ParseError(f"bad CPU range {part!r}")
             out.update(range(lo, hi + 1, stride))
         else:
-            if not part.isdigit():
-                raise ParseError(f"bad CPU list item {part!r}")
-            out.add(int(part))
+            out.add(_cpu_id(part))
     return frozenset(out)
 
 
@@ -57,12 +75,34 @@ def format_cpulist(cpus) -> str:
     return ",".join(parts)
 
 
+def nesting(data, depth_limit: int, node_limit: int) -> tuple[int, int]:
+    """(depth, values) of parsed JSON/YAML data, walked iteratively (never a RecursionError)
+    and stopping past either limit (YAML aliases can make a small file repeat a value billions
+    of times)."""
+    deepest = nodes = 0
+    stack = [(data, 1)]
+    while stack:
+        node, d = stack.pop()
+        nodes += 1
+        if nodes > node_limit:
+            break
+        if not isinstance(node, (dict, list)):
+            continue
+        deepest = max(deepest, d)
+        if deepest > depth_limit:
+            break
+        stack.extend((v, d + 1) for v in (node.values() if isinstance(node, dict) else node))
+    return deepest, nodes
+
+
 # -- CPU masks: "ffffffff,00000000,0000000f" ----------------------------------------------
 def parse_cpumask(text: str) -> frozenset[int]:
     """Parse a hex CPU mask in the kernel's comma-separated 32-bit groups."""
-    hexstr = text.strip().replace(",", "")
+    hexstr = text.strip().replace(",", "").lstrip("0")
     if not hexstr:
         return frozenset()
+    if len(hexstr) > (MAX_CPU + 1) // 4:
+        raise ParseError(f"CPU mask {text.strip()[:40]!r}... sets a CPU above the kernel's largest CPU id {MAX_CPU}")
     try:
         value = int(hexstr, 16)
     except ValueError:

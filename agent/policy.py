@@ -16,10 +16,16 @@ from typing import Any, Literal
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
 
 from .errors import InputError
-from .parse import ParseError, parse_cpulist
+from .parse import ParseError, nesting, parse_cpulist
 
-NAME_RE = re.compile(r"^[a-z0-9][a-z0-9_-]{0,62}$")
-SYSCTL_KEY_RE = re.compile(r"^[a-z0-9_]+(\.[A-Za-z0-9_-]+)+$")
+NAME_RE = re.compile(r"[a-z0-9][a-z0-9_-]{0,62}")
+# Patterns are matched whole (``fullmatch``): ``$`` would let a trailing newline through.
+SYSCTL_KEY_RE = re.compile(r"[a-z0-9_]+(\.[A-Za-z0-9_-]+)+")
+# sysctl values the kernel reads as integers fit in 64 bits (signed or unsigned).
+SYSCTL_INT_MIN, SYSCTL_INT_MAX = -(2**63), 2**64 - 1
+# A profile deeper than this is not a profile (the schema's deepest value is 3 levels down).
+MAX_DEPTH = 32
+MAX_VALUES = 100_000
 NOT_PROFILES = {"baselines"}
 
 # Known sysctl ranges (inclusive). A key not listed is still accepted if it is well formed.
@@ -42,7 +48,7 @@ SYSCTL_RANGES: dict[str, tuple[int, int]] = {
 
 # RLIM_INFINITY as the kernel keeps it: the value of "unlimited" in a limit bound.
 UNLIMITED = 2**64 - 1
-_SIZE_RE = re.compile(r"^([0-9]+)\s*([kmgt]?)(i?b)?$", re.IGNORECASE)
+_SIZE_RE = re.compile(r"([0-9]+)\s*([kmgt]?)(i?b)?", re.IGNORECASE)
 _SIZE_UNITS = {"": 1, "k": 1024, "m": 1024**2, "g": 1024**3, "t": 1024**4}
 BOUND_KEYS = ("min", "max")
 _BOUND_HINT = "a bound is {min: N} (at least), {max: N} (at most) or both"
@@ -50,11 +56,11 @@ _BOUND_HINT = "a bound is {min: N} (at least), {max: N} (at most) or both"
 GOVERNORS = ("performance", "schedutil", "ondemand", "conservative", "powersave", "userspace")
 THP_ENABLED = ("always", "madvise", "never")
 THP_DEFRAG = ("always", "defer", "defer+madvise", "madvise", "never")
-MALLOC_CONF_RE = re.compile(r"^[a-z_]+:[A-Za-z0-9_.+-]+(,[a-z_]+:[A-Za-z0-9_.+-]+)*$")
+MALLOC_CONF_RE = re.compile(r"[a-z_]+:[A-Za-z0-9_.+-]+(,[a-z_]+:[A-Za-z0-9_.+-]+)*")
 
 
 class _Strict(BaseModel):
-    model_config = ConfigDict(extra="forbid", frozen=True)
+    model_config = ConfigDict(extra="forbid", frozen=True, allow_inf_nan=False)
 
 
 def format_limit(value: int) -> str:
@@ -102,14 +108,21 @@ def parse_size(text: Any) -> int:
     if isinstance(text, int):
         if text < 0:
             raise ValueError(f"expected a size, got {text!r}")
+        if text > UNLIMITED:
+            raise ValueError(f"{text} bytes is more than a limit can hold (2**64-1); write unlimited")
         return text
     t = str(text).strip()
     if t.lower() in ("unlimited", "infinity"):
         return UNLIMITED
-    m = _SIZE_RE.match(t)
-    if not m:
+    m = _SIZE_RE.fullmatch(t)
+    if not m or len(m.group(1)) > 40:
+        if m:
+            raise ValueError(f"{t[:24]}...: more than a limit can hold (2**64-1 bytes); write unlimited")
         raise ValueError(f"expected a size in bytes, with K/M/G/T, or unlimited, got {text!r}")
-    return min(int(m.group(1)) * _SIZE_UNITS[m.group(2).lower()], UNLIMITED)
+    size = int(m.group(1)) * _SIZE_UNITS[m.group(2).lower()]
+    if size > UNLIMITED:
+        raise ValueError(f"{t} is more than a limit can hold (2**64-1 bytes); write unlimited")
+    return size
 
 
 def parse_bound(key: str, raw: Any, *, sizes: bool = False, lo: int | None = None,
@@ -132,6 +145,8 @@ def parse_bound(key: str, raw: Any, *, sizes: bool = False, lo: int | None = Non
                 raise ValueError(f"{where}: {exc}") from None
         elif isinstance(v, bool) or not isinstance(v, int):
             raise ValueError(f"{where}: expected an integer, got {v!r}")
+        elif not SYSCTL_INT_MIN <= v <= SYSCTL_INT_MAX:
+            raise ValueError(f"{where}: {v} does not fit in 64 bits")
         else:
             vals[k] = v
         if lo is not None and hi is not None and not lo <= vals[k] <= hi:
@@ -189,8 +204,8 @@ class IrqPolicy(_Strict):
     def _cpulist(cls, v: str) -> str:
         try:
             parse_cpulist(v)
-        except (ParseError, ValueError):
-            raise ValueError(f"not a CPU list: {v!r} (expected e.g. '0-1,64-65')") from None
+        except (ParseError, ValueError) as exc:
+            raise ValueError(f"not a CPU list: {v[:60]!r}: {exc} (expected e.g. '0-1,64-65')") from None
         return v
 
 
@@ -204,14 +219,14 @@ class AllocatorPolicy(_Strict):
     @field_validator("malloc_conf")
     @classmethod
     def _conf(cls, v: str) -> str:
-        if v and not MALLOC_CONF_RE.match(v):
+        if v and not MALLOC_CONF_RE.fullmatch(v):
             raise ValueError(f"not a MALLOC_CONF string: {v!r} (expected key:value,key:value)")
         return v
 
     @field_validator("env_file")
     @classmethod
     def _abs(cls, v: str) -> str:
-        if not v.startswith("/") or ".." in v.split("/"):
+        if not v.startswith("/") or ".." in v.split("/") or "\0" in v or "\n" in v:
             raise ValueError(f"must be an absolute host path without '..': {v!r}")
         return v
 
@@ -293,7 +308,7 @@ class Profile(_Strict):
             return v  # the type check names it
         out: dict[str, Any] = {}
         for key, value in v.items():
-            if not isinstance(key, str) or not SYSCTL_KEY_RE.match(key):
+            if not isinstance(key, str) or not SYSCTL_KEY_RE.fullmatch(key):
                 raise ValueError(f"{key!r} is not a sysctl key (expected e.g. vm.swappiness)")
             lo, hi = SYSCTL_RANGES.get(key, (None, None))
             if isinstance(value, (dict, Bound)):
@@ -303,6 +318,10 @@ class Profile(_Strict):
                 raise ValueError(f"{key}: expected a number, a string or a bound, got {value!r}")
             if isinstance(value, str) and value.strip()[:1] in ("<", ">", "=", "≥", "≤"):
                 raise ValueError(f"{key}: {value!r}: write a bound as {{min: N}} or {{max: N}}")
+            if isinstance(value, str) and any(c in value for c in "\n\r\0"):
+                raise ValueError(f"{key}: {value!r}: a sysctl value is one line")
+            if isinstance(value, int) and not SYSCTL_INT_MIN <= value <= SYSCTL_INT_MAX:
+                raise ValueError(f"{key}: {value} does not fit in 64 bits")
             if lo is not None and hi is not None:
                 if not isinstance(value, int):
                     raise ValueError(f"{key}: expected an integer, got {value!r}")
@@ -313,7 +332,7 @@ class Profile(_Strict):
 
     @model_validator(mode="after")
     def _name(self) -> "Profile":
-        if not NAME_RE.match(self.name):
+        if not NAME_RE.fullmatch(self.name):
             raise ValueError(f"name {self.name!r} must match {NAME_RE.pattern}")
         return self
 
@@ -330,17 +349,28 @@ def default_policy_dir() -> Path:
     return here / "policies"  # installed as package data
 
 
-def _yaml_load(path: Path) -> Any:
+def _decode_error(path: Path, exc: UnicodeDecodeError) -> InputError:
+    return InputError(f"{path}: not UTF-8 text (byte 0x{exc.object[exc.start]:02x} at offset {exc.start})")
+
+
+def read_yaml(path: Path, what: str = "policy file") -> Any:
+    """Read one YAML document as bad input should be read: a file that is not UTF-8, not YAML,
+    nested deeper than :data:`MAX_DEPTH` or too deep for the parser is one :class:`InputError`
+    naming the file. Returns None for a file with no document."""
     import yaml
 
     try:
         text = path.read_text(encoding="utf-8")
     except FileNotFoundError:
-        raise InputError(f"{path}: no such policy file") from None
+        raise InputError(f"{path}: no such {what}") from None
     except IsADirectoryError:
-        raise InputError(f"{path}: is a directory, expected a policy file") from None
+        raise InputError(f"{path}: is a directory, expected a {what}") from None
+    except UnicodeDecodeError as exc:
+        raise _decode_error(path, exc) from None
     except OSError as exc:
         raise InputError(f"{path}: {exc.strerror}") from None
+    if not text.strip():
+        return None
     try:
         data = yaml.safe_load(text)
     except yaml.YAMLError as exc:
@@ -348,8 +378,22 @@ def _yaml_load(path: Path) -> Any:
         where = f":{mark.line + 1}:{mark.column + 1}" if mark else ""
         problem = getattr(exc, "problem", None) or str(exc).splitlines()[0]
         raise InputError(f"{path}{where}: malformed YAML: {problem}") from None
+    except RecursionError:
+        raise InputError(f"{path}: nested too deep to be a {what} (at most {MAX_DEPTH} levels)") from None
+    depth, nodes = nesting(data, MAX_DEPTH, MAX_VALUES)
+    if depth > MAX_DEPTH:
+        raise InputError(f"{path}: nested too deep to be a {what} (at most {MAX_DEPTH} levels)")
+    if nodes > MAX_VALUES:
+        raise InputError(f"{path}: more than {MAX_VALUES:,} values (counting what aliases repeat): "
+                         f"too large to be a {what}")
+    return data
+
+
+def _yaml_load(path: Path) -> Any:
+    data = read_yaml(path)
     if data is None:
-        data = {}
+        # An empty (or comments-only) file is a mistake, not a profile that changes nothing.
+        raise InputError(f"{path}: empty policy file: expected a mapping of settings")
     if not isinstance(data, dict):
         raise InputError(f"{path}: a policy must be a mapping, got {type(data).__name__}")
     return data
@@ -398,12 +442,14 @@ def _one_line(exc: ValidationError) -> str:
             msg = "unknown key"
         elif err["type"] == "literal_error":
             msg = f"{err.get('input')!r} is not allowed ({msg.split('Input should be ', 1)[-1]})"
+        if len(msg) > 200:  # an input echoed back whole could be a whole file
+            msg = msg[:200] + "..."
         parts.append(f"{loc}: {msg}" if loc else msg)
     return "; ".join(parts)
 
 
 def check_name(name: str) -> None:
-    if not NAME_RE.match(name):
+    if not isinstance(name, str) or not NAME_RE.fullmatch(name):
         raise InputError(f"profile {name!r}: names are lower-case letters, digits, '-' and '_' (no '/' or '..')")
 
 
@@ -413,7 +459,11 @@ def load_profile(name: str, policy_dir: str | os.PathLike[str] | None = None) ->
     if not pdir.is_dir():
         raise InputError(f"--policy-dir {pdir}: no such directory")
     path = pdir / f"{name}.yaml"
-    if name.startswith("_") or name in NOT_PROFILES or not path.is_file():
+    try:
+        is_file = path.is_file()
+    except OSError as exc:  # a folder the user cannot search
+        raise InputError(f"--policy-dir {pdir}: {exc.strerror or exc}") from None
+    if name.startswith("_") or name in NOT_PROFILES or not is_file:
         known = ", ".join(list_profile_names(pdir)) or "none"
         raise InputError(f"unknown profile {name!r} in {pdir} (known: {known})")
     data = _resolve(path, pdir, ())
@@ -432,7 +482,7 @@ def list_profile_names(policy_dir: str | os.PathLike[str] | None = None) -> list
         return []
     return sorted(
         p.stem for p in pdir.glob("*.yaml")
-        if not p.name.startswith("_") and p.stem not in NOT_PROFILES and NAME_RE.match(p.stem)
+        if not p.name.startswith("_") and p.stem not in NOT_PROFILES and NAME_RE.fullmatch(p.stem)
         and p.is_file()  # a directory or a dangling/looping link is not a profile
     )
 

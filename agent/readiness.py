@@ -17,6 +17,11 @@ Checks (names are stable; they are the ``check`` label of ``gpu_tune_check_ok``)
   is at least the GPUs the host has, MIG-enabled ones left out as the device plugin's ``mixed``
   strategy does (listed when the node has GPUs; without Kubernetes, or without the device
   plugin's resource, ok with the reason, unless ``readiness.require_device_plugin``);
+- ``gpu.visible``        listed when the agent sees no GPU while the Node says it has some
+  (``feature.node.kubernetes.io/pci-10de.present=true``, ``nvidia.com/gpu.present=true`` or
+  device-plugin capacity ``nvidia.com/gpu`` above 0): never ok, the detail names the likely causes;
+- ``tuning.reverted``    in mode ``revert`` instead of ``tuning.compliant``: never ok (the node is
+  not tuned, on purpose), the detail says what the revert restored or could not;
 - ``topology.published`` topology discovered and the node labels/condition written (or Kubernetes
   publishing switched off);
 - ``probe.<gpu>.passed`` per probe target (``probe.cpu.passed`` for the CPU run), or ``probe.ran``
@@ -59,7 +64,8 @@ BUSY_UTILIZATION_PERCENT = 50  # the same threshold as the PCIe alert rule
 
 
 # Condition reasons of checks that are not about one GPU's health.
-CHECK_REASONS = {"gpu.driver_cuda": "DriverTooOldForCuda", "gpu.allocatable": "DevicePluginMissingGpus"}
+CHECK_REASONS = {"gpu.driver_cuda": "DriverTooOldForCuda", "gpu.allocatable": "DevicePluginMissingGpus",
+                 "gpu.visible": "GpusNotVisible", "tuning.reverted": "Reverted"}
 
 
 @dataclass(frozen=True)
@@ -323,17 +329,54 @@ def allocatable_check(gpus: Sequence[Any], publish: Any, *, required: bool = Fal
     return Check(name, True, f"nvidia.com/gpu {cap} for {expected} GPU(s) ({host})" + "".join(f"; {n}" for n in notes))
 
 
+GPU_VISIBILITY_CAUSES = (
+    "the pod does not run with the NVIDIA container runtime (runtimeClassName: nvidia, or the "
+    "runtime's default), NVIDIA_VISIBLE_DEVICES is not 'all' in the pod, the NVIDIA driver is "
+    "not installed or not loaded on the host (nvidia-smi on the node), the GPU backend is off "
+    "(--gpu-backend none), or the device plugin's capacity is stale")
+
+
+def gpu_visible_check(gpus: Sequence[Any], facts: Any) -> Check | None:
+    """Not ready when the Node says it has NVIDIA GPUs (``facts.gpu_expected``: NFD or GPU
+    Operator labels, device-plugin capacity) and the agent sees none. Not listed otherwise."""
+    if list(gpus or []) or facts is None:
+        return None
+    why = list(_get(facts, "gpu_expected") or ())
+    if not why:
+        return None
+    return Check("gpu.visible", False, f"the Node says it has NVIDIA GPUs ({', '.join(why)}) but the agent "
+                                       f"sees none; likely causes: {GPU_VISIBILITY_CAUSES}")
+
+
+def reverted_check(revert: Mapping[str, Any] | None, *, error: str | None = None) -> Check:
+    """Mode ``revert``: the node is taken back to its recorded originals and not enforced."""
+    name = "tuning.reverted"
+    if error:
+        return Check(name, False, f"revert failed: {error}; see the agent log")
+    if revert is None:
+        return Check(name, False, "mode revert: the revert has not run yet")
+    failed = [f"{r.get('id')}[{r.get('target')}]: {r.get('detail')}" for r in revert.get("settings", [])
+              if r.get("status") != "ok"]
+    if failed:
+        return Check(name, False, f"mode revert: {len(failed)} original(s) could not be restored (kept in the "
+                                  f"journal, tried again each pass): {_listed(failed)}")
+    return Check(name, False, "mode revert: the recorded originals are restored and nothing is enforced; "
+                              "the node is left as it was before gpu-tune")
+
+
 # -- topology / publish -----------------------------------------------------------------------
 def publish_check(*, topology_error: str | None = None, publish: Any = None,
-                  publish_error: str | None = None) -> Check | None:
-    """``publish`` is a PublishResult (``ok``, ``detail``, ``writes``) or None before publishing."""
+                  publish_error: str | None = None, pending: bool = False) -> Check | None:
+    """``publish`` is a PublishResult (``ok``, ``detail``, ``writes``) or None before publishing;
+    ``pending``: the verdict being published (the check is listed, ok, so the condition names
+    the same checks as ``/readiness``)."""
     name = "topology.published"
     if topology_error:
         return Check(name, False, f"topology discovery failed: {topology_error}")
     if publish_error:
         return Check(name, False, f"publishing to Kubernetes failed: {publish_error}")
     if publish is None:
-        return None
+        return Check(name, True, "publishing") if pending else None
     ok = bool(_get(publish, "ok", False))
     detail = str(_get(publish, "detail", "") or "")
     if ok:
@@ -391,11 +434,16 @@ def verdict(
     errors: Mapping[str, str] | None = None,
     mode: str = "audit",
     last_publish: Any = None,
+    pending_publish: bool = False,
+    revert: Mapping[str, Any] | None = None,
 ) -> Verdict:
     """Judge the node. ``errors`` maps a stage name (discover, audit, enforce, gpus, probe,
     publish) to the reason it failed this pass. ``publish`` None leaves the publish check out
     (used to decide what to publish before publishing); ``gpu.allocatable`` then judges the
-    Node as ``last_publish`` (the previous pass) read it."""
+    Node as ``last_publish`` (the previous pass, or a read before the first publish) read it;
+    ``pending_publish`` lists the publish check as ok (the verdict about to be published).
+    ``mode`` ``revert`` judges ``revert`` (what the revert restored) instead of the audit.
+    The one verdict of the agent (``serve``) and of ``gpu-tune label``."""
     errors = dict(errors or {})
     rp = getattr(profile, "readiness", None)
     require_compliant = getattr(rp, "require_compliant", True)
@@ -403,17 +451,21 @@ def verdict(
     max_temp = getattr(rp, "max_temperature_c", None)
     want_persistence = bool(getattr(getattr(profile, "gpu", None), "persistence_mode", False))
 
-    checks: list[Check] = [tuning_check(audit, required=require_compliant,
-                                        error=errors.get("audit") or errors.get("enforce"), mode=mode)]
+    if mode == "revert":
+        checks: list[Check] = [reverted_check(revert, error=errors.get("revert"))]
+    else:
+        checks = [tuning_check(audit, required=require_compliant,
+                               error=errors.get("audit") or errors.get("enforce"), mode=mode)]
     checks += gpu_checks(gpus or [], want_persistence=want_persistence, max_temperature_c=max_temp,
                          topology=topology, error=errors.get("gpus"))
+    facts = publish if publish is not None else last_publish
     if not errors.get("gpus"):
-        extra = [driver_cuda_check(topology, list(gpus or [])),
-                 allocatable_check(gpus or [], publish if publish is not None else last_publish,
+        extra = [gpu_visible_check(list(gpus or []), facts), driver_cuda_check(topology, list(gpus or [])),
+                 allocatable_check(gpus or [], facts,
                                    required=bool(getattr(rp, "require_device_plugin", False)))]
         checks += [c for c in extra if c is not None]
     pub = publish_check(topology_error=errors.get("discover"), publish=publish,
-                        publish_error=errors.get("publish"))
+                        publish_error=errors.get("publish"), pending=pending_publish)
     if pub is not None:
         checks.append(pub)
     checks += probe_checks(probes, required=require_probe, error=errors.get("probe"))

@@ -36,7 +36,9 @@ from .readiness import Verdict, verdict
 
 log = logging.getLogger("gpu_tune")
 
-MODES = ("audit", "enforce")
+MODES = ("audit", "enforce", "revert")
+# Modes a Node's gpu-tune.io/mode label may ask for over --mode: only ones that write less.
+NODE_MODES = ("audit", "revert")
 
 
 @dataclass
@@ -46,7 +48,7 @@ class ServeOptions:
     gpu_fixture: str | None = None
     policy_dir: str | None = None
     profile: str = "training"
-    host: str = "0.0.0.0"
+    host: str = "127.0.0.1"  # the DaemonSet passes the node's address
     port: int = 9410
     mode: str = "audit"
     interval: float = 60.0
@@ -109,7 +111,8 @@ class Stages:
     ``gpus() -> list[GpuInfo]``; ``identity() -> {"driver_version", "boot_id"}``;
     ``probe(topology, previous) -> list[ProbeVerdict|dict]``;
     ``publish(verdict, topology_doc, gpu_docs, driver_version, *, audit, probes) -> PublishResult``
-    (``audit`` and ``probes``: the documents the node summary annotation is made of);
+    (``audit`` and ``probes``: the documents the node summary annotation is made of; ``mode``:
+    the pass's mode, ``audit`` and ``revert`` never put the taint on);
     ``revert() -> (ok, rows)``; ``close()``."""
 
     node: str
@@ -124,6 +127,11 @@ class Stages:
     revert: Callable[[], Any] | None = None
     close: Callable[[], None] | None = None
     probe_interval: float = 3600.0
+    # One read of the Node without writing (a PublishResult with the facts): used before the
+    # first publish, so the first verdict already knows the device plugin's capacity, whether
+    # the Node says it has GPUs, its gpu-tune.io/mode label and the condition left by the
+    # previous agent.
+    read_node: Callable[[], Any] | None = None
 
 
 def default_stages(options: ServeOptions) -> Stages:
@@ -185,19 +193,23 @@ def default_stages(options: ServeOptions) -> Stages:
         verdicts = _probe.run_probes(targets, profile.probe, baselines_cache["b"], data=options.probe_data,
                                      timeout=None, device=options.probe_device, previous=prev or None,
                                      gpu_backend=backend)
+        from .probe.run import stopping
+
+        if stopping():  # killed by SIGTERM: not a verdict on the node, never saved
+            raise RuntimeError("the agent is stopping: probe run cut short")
         err = save_probe_results(fs, profile.name, [as_doc(v) for v in verdicts])
         if err:
             log.warning("probe results not saved for `gpu-tune label`: %s", err)
         return verdicts
 
-    def publish(v: Verdict, topology_doc, gpu_docs, driver_version, *, audit=None, probes=None):
+    def publish(v: Verdict, topology_doc, gpu_docs, driver_version, *, audit=None, probes=None, mode="enforce"):
         topo = dict(topology_doc or {})
         topo.setdefault("cuda_driver_version", backend.cuda_driver_version())
         want = desired_node_state(profile=profile.name, ready=v.ready, reason=v.reason(),
                                   message=v.message(), topology=topo, gpus=gpu_docs,
                                   driver_version=driver_version,
                                   taint_when_not_ready=profile.readiness.taint,
-                                  checks=v.checks, audit=audit, probes=probes)
+                                  checks=v.checks, audit=audit, probes=probes, mode=mode)
         return publisher.publish(want)
 
     def revert():
@@ -213,7 +225,7 @@ def default_stages(options: ServeOptions) -> Stages:
     interval = options.probe_interval if options.probe_interval is not None else profile.probe.interval_s
     return Stages(node=node, profile=profile, discover=discover, audit=audit, enforce=enforce, gpus=gpus,
                   probe=probe, publish=publish, identity=identity, revert=revert, close=close,
-                  probe_interval=interval)
+                  probe_interval=interval, read_node=publisher.read)
 
 
 @dataclass
@@ -268,6 +280,11 @@ class Agent:
         self._since: float = clock()
         self._threads: list[threading.Thread] = []
         self._last_publish: Any = None
+        self._facts: Any = None  # the latest facts read from the Node (a publish or a read)
+        self._node_was_ready: bool | None = None  # GPUHostReady=True as this agent first read it
+        self._node_condition_at_start: str | None = None
+        self._mode_note: str | None = None
+        self._revert: dict[str, Any] | None = None
 
     # -- stages -----------------------------------------------------------------------------
     def _run(self, name: str, fn: Callable[[], Any]) -> tuple[Any, CollectorStatus]:
@@ -289,25 +306,32 @@ class Agent:
         if not drifted:
             return before
         due = [k for k in drifted if now - self._last_enforced.get(k, float("-inf")) >= self.enforce_min_interval]
-        if not due:
+        held = set(drifted) - set(due)
+
+        def hold_detail(doc: dict[str, Any]) -> dict[str, Any]:
+            """Rows held back by the rate limit say so (and when the next re-apply may happen)."""
             rows = []
-            for s in before["settings"]:
-                k = (str(s["id"]), str(s["target"]))
-                if s.get("status") == "drift" and k in self._last_enforced:
-                    wait = self.enforce_min_interval - (now - self._last_enforced[k])
-                    s = {**s, "detail": f"re-applied {now - self._last_enforced[k]:.0f}s ago; "
-                                        f"next re-apply allowed in {wait:.0f}s"}
+            for s in doc.get("settings", []):
+                k = (str(s.get("id")), str(s.get("target")))
+                if s.get("status") == "drift" and k in held:
+                    ago = now - self._last_enforced[k]
+                    s = {**s, "detail": f"held back by the enforce rate limit: re-applied {ago:.0f}s ago, "
+                                        f"next re-apply allowed in {self.enforce_min_interval - ago:.0f}s"}
                 rows.append(s)
-            return {**before, "settings": rows}
+            return {**doc, "settings": rows}
+
+        if not due:
+            return hold_detail(before)
         for k in due:
             self._last_enforced[k] = now
         try:
-            return as_doc(self.stages.enforce(only=set(due)))
+            return hold_detail(as_doc(self.stages.enforce(only=set(due))))
         except Exception as exc:
             reason = _reason(exc)
             rows = [{**s, "status": "error", "changed": False, "detail": f"not re-applied: {reason}"}
-                    if s.get("status") == "drift" else s for s in before.get("settings", [])]
-            return {**before, "compliant": False, "settings": rows}
+                    if s.get("status") == "drift" and (str(s.get("id")), str(s.get("target"))) not in held else s
+                    for s in before.get("settings", [])]
+            return hold_detail({**before, "compliant": False, "settings": rows})
 
     def _identity_key(self, gpus: list[dict[str, Any]], identity: dict[str, Any]) -> tuple:
         uuids = tuple(sorted(str(g.get("uuid")) for g in gpus if not g.get("error")))
@@ -333,8 +357,18 @@ class Agent:
         else:
             errors["gpus"] = st.error
 
-        stage = self.mode
-        doc, st = self._run(stage, self.stages.audit if self.mode == "audit" else self._enforce)
+        if self._last_publish is None and self.stages.read_node is not None:
+            facts, st = self._run("read", self.stages.read_node)  # before the first publish
+            if st.success and _field(facts, "node_read", False):
+                self._note_facts(facts)
+        mode = self.effective_mode()
+        if mode == "revert":
+            doc, st = self._run("revert", self._do_revert)
+            statuses.append(st)
+            if not st.success:
+                errors["revert"] = st.error
+        stage = "enforce" if mode == "enforce" else "audit"
+        doc, st = self._run(stage, self._enforce if mode == "enforce" else self.stages.audit)
         if st.success:
             self._audit = as_doc(doc)
         else:
@@ -364,8 +398,8 @@ class Agent:
 
         profile = self.stages.profile
         judge = dict(profile=profile, audit=self._audit, gpus=self._gpus, topology=self._topology_doc,
-                     probes=probes, errors=errors, mode=self.mode, last_publish=self._last_publish)
-        pre = verdict(**judge)
+                     probes=probes, errors=errors, mode=mode, last_publish=self._facts, revert=self._revert)
+        pre = verdict(**judge, pending_publish=True)
         driver = (identity or {}).get("driver_version")
         if self._holding_first_publish(probe):
             pub, st = None, CollectorStatus("publish", True, 0.0)
@@ -373,12 +407,14 @@ class Agent:
             log.info("first publish waits for the first probe verdict (at most %.0fs more)", max(wait, 0.0))
         else:
             pub, st = self._run("publish", lambda: self.stages.publish(
-                pre, self._topology_doc, self._gpus, driver, audit=self._audit, probes=probes))
+                pre, self._topology_doc, self._gpus, driver, audit=self._audit, probes=probes, mode=mode))
         statuses.append(st)
         if pub is None and st.success:
             pass
         elif st.success:
             self._last_publish = pub
+            if _field(pub, "node_read", False):
+                self._note_facts(pub)
             if not _field(pub, "ok", False):
                 statuses[-1] = CollectorStatus("publish", False, st.duration,
                                                str(_field(pub, "detail", "") or "not ok"))
@@ -389,17 +425,81 @@ class Agent:
         now = self.clock()
         if final.ready != self._ready:
             if self._ready is not None:
-                log.warning("readiness changed to %s: %s", final.ready, final.message())
+                log.info("readiness changed to %s: %s", final.ready, final.message())
             self._ready = final.ready
             self._since = now
+        agent_ready, agent_detail = self._agent_ready(final, mode)
         snap = Snapshot.build(
             node=self.stages.node, profile=self.state.profile, verdict=final, since=self._since, created=now,
-            mode=self.mode, audit=self._audit, topology=self._topology_doc, gpus=self._gpus, probes=probes,
+            mode=mode, agent_ready=agent_ready, agent_ready_detail=agent_detail, audit=self._audit, topology=self._topology_doc, gpus=self._gpus, probes=probes,
             probe_last_success=dict(probe.last_success), collectors=statuses,
             metrics_detail=self.metrics_detail,
         )
         self.state.publish(snap)
         return snap
+
+    # -- mode, Node facts, the pod's own readiness -----------------------------------------------
+    def _note_facts(self, facts: Any) -> None:
+        self._facts = facts
+        if self._node_was_ready is None:
+            self._node_condition_at_start = _field(facts, "condition_status")
+            self._node_was_ready = self._node_condition_at_start == "True"
+
+    def effective_mode(self) -> str:
+        """``--mode``, unless the Node's ``gpu-tune.io/mode`` label asks for one that writes less
+        (``audit``: stop enforcing, ``revert``: take the node back). Read from the Node every
+        publish, so a label change takes effect on the next pass, without a restart."""
+        want = _field(self._facts, "mode_request") if self._facts is not None else None
+        note = None
+        mode = self.mode
+        if want:
+            if want in NODE_MODES:
+                mode = want
+                note = f"mode {want}: asked for by the Node's gpu-tune.io/mode label (--mode {self.mode})"
+            else:
+                note = (f"the Node's gpu-tune.io/mode={want} is ignored: it may only be one of "
+                        f"{', '.join(NODE_MODES)}; keeping --mode {self.mode}")
+        if note != self._mode_note:  # a deliberate override by a person: shown at the default level
+            if note:
+                log.warning("%s", note)
+            elif self._mode_note:
+                log.warning("the Node's gpu-tune.io/mode label is gone: mode %s", self.mode)
+            self._mode_note = note
+        return mode
+
+    def _do_revert(self) -> dict[str, Any]:
+        """Restore every recorded original (the journal); each pass, so a failed one is retried
+        and a knob written by someone else after it is left alone (nothing is re-applied)."""
+        if self.stages.revert is None:
+            raise RuntimeError("this agent cannot revert (no revert stage)")
+        result = self.stages.revert()
+        ok, rows = (result if isinstance(result, tuple) else (bool(result), ()))
+        docs = [as_doc(r) for r in rows or ()]
+        restored = sum(1 for r in docs if r.get("status") == "ok")
+        if restored or not ok:  # the host changed (or could not be): worth a line at the default level
+            log.warning("mode revert: %d original(s) restored, %d not", restored, len(docs) - restored)
+        prev = (self._revert or {}).get("restored_total", 0)
+        self._revert = {"ok": bool(ok), "restored": restored, "restored_total": prev + restored, "settings": docs}
+        return self._revert
+
+    def _agent_ready(self, final: Verdict, mode: str) -> tuple[bool, str]:
+        """The pod's readiness (``GET /agent-ready``), not the node's: the agent completed a pass
+        and published it, and it has not turned a node that was ready when it started into a
+        not-ready one. A rollout under ``maxUnavailable`` then goes on across untuned nodes
+        (audit mode) and stops where a new version breaks nodes the old one kept ready."""
+        pub = self._last_publish
+        if pub is None:
+            return False, "the agent has not published a verdict yet (the first waits for the first probe)"
+        if not _field(pub, "ok", False):
+            return False, f"the latest publish failed: {_field(pub, 'detail', '')}"
+        if mode == "revert":
+            return True, "mode revert: the node is taken back on purpose"
+        if self._node_was_ready and not final.ready:
+            return False, ("the node was ready (GPUHostReady=True) when this agent started and this agent "
+                           f"judges it not ready: {final.message()}")
+        was = ("the Node was not read" if self._node_was_ready is None else
+               f"GPUHostReady={self._node_condition_at_start or 'absent'}")
+        return True, f"published; node {'ready' if final.ready else 'not ready'} (when this agent started: {was})"
 
     # -- the probe thread -----------------------------------------------------------------------
     def run_probe_once(self) -> None:
@@ -502,6 +602,7 @@ def serve(options: ServeOptions, *, stages: Stages | None = None,
     """Run the agent until SIGTERM/SIGINT; return 0. ``stages`` replaces :func:`default_stages`."""
     import uvicorn
 
+    from . import httpserver
     from .app import create_app
 
     options.validate()
@@ -513,11 +614,13 @@ def serve(options: ServeOptions, *, stages: Stages | None = None,
                   first_publish_max_wait=hold, metrics_detail=options.metrics_detail)
     app = create_app(agent.state)
     sock = _bind(options.host, int(options.port))
-    config = uvicorn.Config(app, log_level="warning", access_log=False, lifespan="off",
-                            timeout_graceful_shutdown=5)
+    config = httpserver.config(app)
     server = uvicorn.Server(config)
 
+    from .probe.run import stop_all
+
     def on_signal(signum, frame):  # uvicorn re-raises the signal it caught after shutting down
+        stop_all()  # a running probe's process group dies now: the exit fits the grace period
         server.should_exit = True
         agent._stop.set()
         agent._wake.set()

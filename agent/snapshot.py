@@ -49,6 +49,8 @@ class Snapshot:
     since: float  # when ``ready`` last changed (epoch seconds)
     created: float
     mode: str = "audit"
+    agent_ready: bool = False  # the pod's readiness (GET /agent-ready), not the node's
+    agent_ready_detail: str = ""
     audit: Mapping[str, Any] | None = None
     topology: Mapping[str, Any] | None = None
     gpus: tuple[Mapping[str, Any], ...] = ()
@@ -62,6 +64,7 @@ class Snapshot:
     audit_body: bytes = b""
     topology_body: bytes = b""
     probe_body: bytes = b""
+    agent_ready_body: bytes = b""
 
     @property
     def readiness_status(self) -> int:
@@ -83,6 +86,8 @@ class Snapshot:
             "audit_body": dumps(snap.audit) if snap.audit is not None else b"",
             "topology_body": dumps(snap.topology) if snap.topology is not None else b"",
             "probe_body": dumps([dict(p) for p in snap.probes]),
+            "agent_ready_body": dumps({"ready": snap.agent_ready, "node": snap.node, "mode": snap.mode,
+                                       "detail": snap.agent_ready_detail}),
         }
         for k, v in bodies.items():
             object.__setattr__(snap, k, v)

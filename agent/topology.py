@@ -36,7 +36,7 @@ from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any, Iterable, Literal
 
 from .errors import HostError
-from .parse import (ParseError, format_cpulist, irqs_named, parse_cpulist, parse_cpumask, parse_int,
+from .parse import (MAX_CPU, ParseError, format_cpulist, irqs_named, parse_cpulist, parse_cpumask, parse_int,
                     parse_interrupts, parse_link_speed, parse_link_width, parse_meminfo)
 
 if TYPE_CHECKING:  # pragma: no cover
@@ -216,10 +216,15 @@ def _cpulist(text: str | None) -> frozenset[int] | None:
 
 
 def _online_cpus(fs: "HostFS", warnings: list[str]) -> frozenset[int]:
-    cpus = _cpulist(fs.read_optional(f"{CPU_DIR}/online"))
+    text = fs.read_optional(f"{CPU_DIR}/online")
+    cpus = _cpulist(text)
     if cpus:
         return cpus
-    found = frozenset(int(n[3:]) for n in fs.listdir(CPU_DIR) if n.startswith("cpu") and n[3:].isdigit())
+    if text and text.strip() and cpus is None:
+        warnings.append(f"{CPU_DIR}/online: unparsable {text.strip()[:40]!r} (CPU ids are 0..{MAX_CPU}): "
+                        "the cpuN directories are used instead")
+    found = frozenset(int(n[3:]) for n in fs.listdir(CPU_DIR)
+                      if n.startswith("cpu") and n[3:].isascii() and n[3:].isdigit() and int(n[3:]) <= MAX_CPU)
     if not found:
         warnings.append(f"{CPU_DIR}/online: unreadable and no cpuN directories")
     return found

@@ -4,9 +4,10 @@
     .venv/bin/python benchmarks/bench_http.py [--duration 10] [--json]
 
 Starts, each in its own process on 127.0.0.1:
-  * the agent's API (the real app, a snapshot from the real stages over the ``dgx-8gpu`` fixture
-    host: 8 GPUs, ~200 settings; probe results filled in for 8 GPUs, no probe process running);
-  * a bare FastAPI app whose one handler returns fixed bytes, under the same uvicorn settings;
+  * the agent's API (the real app and HTTP server of ``gpu-tune serve``, a snapshot from the real
+    stages over the ``dgx-8gpu`` fixture host: 8 GPUs, ~200 settings; probe results filled in
+    for 8 GPUs, no probe process running);
+  * a bare FastAPI app whose one handler returns fixed bytes, under uvicorn's defaults (httptools);
   * prometheus-node-exporter (default collectors).
 Then runs ``wrk --latency`` against each and prints p50/p99 latency and requests per second.
 
@@ -42,10 +43,13 @@ def free_port() -> int:
 
 
 # -- the servers (run as child processes of this script) ---------------------------------------
-def serve_agent(port: int) -> None:
+def serve_agent(port: int, guarded: bool = True) -> None:
+    """The agent's app over the fixture node, served as ``gpu-tune serve`` serves it
+    (``agent/httpserver.py``), or (``guarded=False``) by uvicorn's plain httptools protocol."""
     sys.path.insert(0, str(REPO))
     import uvicorn
 
+    from agent import httpserver
     from agent.app import create_app
     from agent.service import Agent, ServeOptions, _ProbeState, default_stages
     from tests.fixtures import hostgen
@@ -67,7 +71,11 @@ def serve_agent(port: int) -> None:
                       "settings": len((snap.audit or {}).get("settings", [])),
                       "series": sum(1 for ln in snap.metrics_body.splitlines() if ln and not ln.startswith(b"#"))}),
           flush=True)
-    uvicorn.run(create_app(agent.state), host="127.0.0.1", port=port, **UVICORN)
+    app = create_app(agent.state)
+    if guarded:
+        uvicorn.Server(httpserver.config(app, host="127.0.0.1", port=port)).run()
+    else:
+        uvicorn.run(app, host="127.0.0.1", port=port, **UVICORN)
 
 
 def serve_bare(port: int) -> None:

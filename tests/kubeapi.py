@@ -11,13 +11,17 @@ It keeps Node objects the way kube-apiserver does for the calls gpu-tune makes:
   ``nodes/status`` are persisted for Nodes); spec changes are dropped.
 - a ``metadata.resourceVersion`` in a patch that is not the current one gives 409 Conflict;
   every write that changes the object increments the resourceVersion (a no-op does not).
-- ``POST /api/v1/namespaces/{ns}/events`` (``metadata.name`` or ``generateName``).
+- ``POST /api/v1/namespaces/{ns}/events`` (``metadata.name`` or ``generateName``); with
+  ``event_namespaces`` set, only in those namespaces (a namespaced Role's grant), else 403.
 - ``GET /api/v1/nodes``: a ``NodeList`` sorted by name, filtered by ``labelSelector`` (``k``,
   ``!k``, ``k=v``, ``k==v``, ``k!=v``, ``k in (a,b)``, ``k notin (a,b)``, comma-separated; a
   malformed selector is 400 as kube-apiserver answers it) and paged by ``limit`` + ``continue``
   (``metadata.continue`` and ``remainingItemCount`` on every page but the last; a token from an
   older list generation, see :meth:`KubeAPIServer.expire_continue_tokens`, is 410 Gone).
   ``list_calls`` counts them.
+
+Admission: ``admit`` (old, new, subresource) is called for every Node write after the patch
+and the subresource's reset, as kube-apiserver runs validating admission; a denial is 403.
 
 Fault injection: :meth:`KubeAPIServer.stop` / :meth:`start` (connections refused, then back on
 the same port), :meth:`fail` (a status for N calls, or forever, on a method and path pattern),
@@ -120,8 +124,16 @@ class KubeAPIServer:
         self.calls: list[tuple[str, str, int]] = []  # (method, path, status answered)
         self.bodies: list[tuple[str, str, str, Any]] = []  # writes: (method, path, content type, body)
         self.conflict_first_try = False
+        # RBAC of a namespaced Role for Events: when set, creating an Event in any other
+        # namespace is 403, as kube-apiserver answers a service account without the grant there.
+        self.event_namespaces: set[str] | None = None
+        # Validating admission for Node writes: admit(old, new, subresource) -> None to let the
+        # write through, or (policy name, message) to refuse it with 403 as kube-apiserver
+        # answers a ValidatingAdmissionPolicy denial with reason Forbidden.
+        self.admit: Callable[[dict[str, Any], dict[str, Any], str], tuple[str, str] | None] | None = None
         self.latency_s = 0.0
         self.list_calls: list[dict[str, str]] = []  # the query of every GET /api/v1/nodes
+        self.user_agents: Counter[str] = Counter()  # User-Agent header of every request
         self._list_generation = 0
         self._rules: list[FailRule] = []
         self._first_try_seen: set[tuple[str, str]] = set()
@@ -328,6 +340,9 @@ class KubeAPIServer:
         if m_ev:
             if method != "POST":
                 return _status(405, "MethodNotAllowed", f"{method} not supported here")
+            if self.event_namespaces is not None and m_ev.group(1) not in self.event_namespaces:
+                return _status(403, "Forbidden", 'events is forbidden: User "system:serviceaccount:gpu-tune:gpu-tune" '
+                               f'cannot create resource "events" in API group "" in the namespace "{m_ev.group(1)}"')
             return self._post_event(m_ev.group(1), body)
         return _status(404, "NotFound", f"the server could not find the requested resource ({path})")
 
@@ -407,6 +422,12 @@ class KubeAPIServer:
         else:
             new["status"] = copy.deepcopy(cur.get("status"))
         new["metadata"]["resourceVersion"] = cur["metadata"]["resourceVersion"]
+        if self.admit is not None:
+            denied = self.admit(copy.deepcopy(cur), copy.deepcopy(new), "status" if status_sub else "")
+            if denied is not None:
+                policy, message = denied
+                return _status(403, "Forbidden", f'nodes "{name}" is forbidden: ValidatingAdmissionPolicy '
+                               f"'{policy}' with binding '{policy}' denied request: {message}")
         if new != cur:
             new["metadata"]["resourceVersion"] = self._next_rv()
             self.nodes[name] = new
@@ -551,6 +572,8 @@ class _Handler(BaseHTTPRequestHandler):
     def _serve(self) -> None:
         length = int(self.headers.get("Content-Length") or 0)
         body = self.rfile.read(length) if length else b""
+        with self.api._lock:
+            self.api.user_agents[self.headers.get("User-Agent") or ""] += 1
         code, doc, headers = self.api.handle(self.command, self.path, self.headers.get("Content-Type", ""),
                                              body, self.headers.get("Authorization"))
         data = json.dumps(doc).encode()

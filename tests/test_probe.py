@@ -134,6 +134,31 @@ def test_crash_reports_exit_code_and_stderr_tail(fake):
     assert "RuntimeError: CUDA error" in v.stderr_tail
 
 
+NOISY = '''
+import sys
+sys.stderr.write(
+    "2025-06-01 10:00:00.1: I tensorflow/core/util/port.cc:153] oneDNN custom operations are on. You may see "
+    "slightly different numerical results due to floating-point round-off errors. To turn them off, set the "
+    "environment variable `TF_ENABLE_ONEDNN_OPTS=0`.\\n"
+    "WARNING: All log messages before absl::InitializeLog() is called are written to STDERR\\n"
+    "E0000 00:00:1.1 1 cuda_platform.cc:51] failed call to cuInit: INTERNAL: CUDA error: Failed call to "
+    "cuInit: UNKNOWN ERROR (303)\\n"
+    "I0000 cpu_feature_guard.cc:210] This TensorFlow binary is optimized to use available CPU instructions in "
+    "performance-critical operations.\\n"
+    "Traceback (most recent call last):\\n"
+    "ValueError: the MNIST file is truncated\\n")
+sys.exit(4)
+'''
+
+
+def test_tensorflow_start_up_noise_is_left_out_of_the_stderr_tail(fake, tmp_path):
+    (tmp_path / "fakeprobe" / "noisy.py").write_text(NOISY)
+    (v,) = _run([_target()], module="fakeprobe.noisy")
+    assert v.status == "crashed"
+    assert v.stderr_tail == "Traceback (most recent call last):\nValueError: the MNIST file is truncated"
+    assert "the MNIST file is truncated" in v.reasons[0]
+
+
 def test_no_json_is_a_crash(fake):
     (v,) = _run([_target(env={"FAKE_MODE": "nojson"})], module=fake)
     assert v.status == "crashed" and "no JSON result" in v.reasons[0]

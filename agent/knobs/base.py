@@ -152,6 +152,29 @@ class Knob:
         choice = parse_bracketed(text)
         return choice.active if choice.active is not None else " ".join(text.split())
 
+    def unchanged(self, ctx: Context, entry: dict[str, Any]) -> bool:
+        """True when every file of a journal entry still holds exactly the recorded original
+        (its bytes, or its absence): the tool's write never happened, nothing to restore.
+        False when that cannot be told (no recorded bytes, e.g. an NVML setting)."""
+        files = entry.get("files") if isinstance(entry.get("files"), list) else [entry]
+        if not files:
+            return False
+        for f in files:
+            path = f.get("path")
+            if not path:
+                return False
+            if f.get("absent"):  # and so must the folders made for it
+                if any(ctx.fs.exists(p) for p in [path, *(f.get("created_dirs") or [])]):
+                    return False
+                continue
+            try:
+                raw = decode_raw(f.get("raw"))
+                if raw is None or ctx.fs.read_bytes(path) != raw:
+                    return False
+            except (HostError, ValueError):
+                return False
+        return True
+
     def restore_value(self, entry: dict[str, Any]) -> str:
         """The value to write back into a kernel file for a journal entry."""
         return str(entry["value"])

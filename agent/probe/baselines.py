@@ -23,7 +23,7 @@ from typing import Any
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
 
 from ..errors import InputError
-from ..policy import default_policy_dir
+from ..policy import default_policy_dir, read_yaml
 from ..probe_figures import REGIMES  # one list for the judge, the metrics and the node summary
 
 REGIME_WORDS = {"launch_bound": "launch-bound", "device_bound": "device-bound"}
@@ -47,7 +47,7 @@ def normalize_pci_device(dev: str | int | None) -> str | None:
 
 
 class _Strict(BaseModel):
-    model_config = ConfigDict(extra="forbid", frozen=True)
+    model_config = ConfigDict(extra="forbid", frozen=True, allow_inf_nan=False)
 
 
 class RegimeBaseline(_Strict):
@@ -64,7 +64,7 @@ class FingerprintPin(_Strict):
     @classmethod
     def _hex(cls, v: str) -> str:
         v = str(v).strip().lower()
-        if not FINGERPRINT_RE.match(v):
+        if not FINGERPRINT_RE.fullmatch(v):
             raise ValueError(f"{v!r} is not a probe fingerprint (16 hex digits, as `gpu-tune probe -o json` prints)")
         return v
 
@@ -136,20 +136,11 @@ class Baselines(_Strict):
 
 def load_baselines(policy_dir: str | os.PathLike[str] | None = None) -> Baselines:
     """Read ``<policy_dir>/baselines.yaml``; a missing file means no baselines (all unknown)."""
-    import yaml
-
     pdir = Path(policy_dir) if policy_dir else default_policy_dir()
     path = pdir / "baselines.yaml"
     if not path.exists():
         return Baselines(path=str(path))
-    try:
-        data = yaml.safe_load(path.read_text(encoding="utf-8"))
-    except OSError as exc:
-        raise InputError(f"{path}: {exc.strerror or exc}") from None
-    except yaml.YAMLError as exc:
-        mark = getattr(exc, "problem_mark", None)
-        where = f":{mark.line + 1}:{mark.column + 1}" if mark else ""
-        raise InputError(f"{path}{where}: malformed YAML: {getattr(exc, 'problem', None) or exc}") from None
+    data = read_yaml(path, "baselines file")
     if data is None:
         data = {}
     if not isinstance(data, dict):

@@ -5,6 +5,12 @@ prefix (the NUMA binder) and an environment (CUDA_VISIBLE_DEVICES, allocator pre
 timeout kills the whole group. Targets on different NUMA nodes run in parallel, targets on the
 same node one after another. A busy GPU keeps its previous verdict; a failure of the runner
 itself is an ``error`` verdict, never a lost thread. TensorFlow is never imported here.
+
+:func:`stop_all` kills every running probe's process group at once and refuses new ones: what
+the agent calls on SIGTERM, so it exits within its grace period with no probe left behind.
+The ``stderr_tail`` leaves out TensorFlow's start-up notices (:data:`STDERR_NOISE`: the oneDNN
+notice, ``failed call to cuInit`` on a node without a GPU, plugin registration chatter), so
+what is left is the workload's own error.
 """
 
 from __future__ import annotations
@@ -32,6 +38,40 @@ from .plan import ProbeTarget
 WORKLOAD_MODULE = "workload.mnist_probe"
 STDERR_TAIL_LINES = 25
 STATUSES = ("passed", "failed", "timeout", "crashed", "skipped", "error")
+# TensorFlow's start-up lines that say nothing about the probe's outcome (matched as substrings).
+STDERR_NOISE = (
+    "oneDNN custom operations are on",
+    "failed call to cuInit",
+    "Could not find cuda drivers on your machine",
+    "Unable to register cuDNN factory",
+    "Unable to register cuFFT factory",
+    "Unable to register cuBLAS factory",
+    "computation placer already registered",
+    "This TensorFlow binary is optimized to use available CPU instructions",
+    "To enable the following instructions:",
+    "All log messages before absl::InitializeLog() is called are written to STDERR",
+    "TF-TRT Warning: Could not find TensorRT",
+)
+
+_live_lock = threading.Lock()
+_live: set[int] = set()  # process groups of running probes
+_stopping = threading.Event()
+
+
+def stopping() -> bool:
+    """Whether :func:`stop_all` was called (the results of this moment are not the node's)."""
+    return _stopping.is_set()
+
+
+def stop_all() -> int:
+    """Kill every running probe's process group now and start no new one (the agent is ending).
+    Returns how many groups were signalled."""
+    with _live_lock:
+        _stopping.set()
+        groups = list(_live)
+    for pgid in groups:
+        _kill_group(pgid)
+    return len(groups)
 
 
 def workload_args(policy: ProbePolicy) -> list[str]:
@@ -94,7 +134,8 @@ class _Run:
 
 def _tail(raw: bytes, lines: int = STDERR_TAIL_LINES) -> str:
     text = raw.decode("utf-8", errors="replace")
-    return "\n".join(text.rstrip().splitlines()[-lines:])[-4000:]
+    kept = [ln for ln in text.rstrip().splitlines() if not any(n in ln for n in STDERR_NOISE)]
+    return "\n".join(kept[-lines:])[-4000:]
 
 
 def _workload_pythonpath(module: str) -> str | None:
@@ -122,12 +163,16 @@ def run_once(cmd: list[str], env: Mapping[str, str], timeout: float) -> _Run:
     On expiry, or when the child exits, the whole group gets SIGKILL so nothing it started
     survives it.
     """
-    try:
-        proc = subprocess.Popen(cmd, stdin=subprocess.DEVNULL, stdout=subprocess.PIPE,
-                                stderr=subprocess.PIPE, env=dict(env), start_new_session=True)
-    except OSError as exc:
-        return _Run("error", None, "", f"could not start {cmd[0]!r}: {exc.strerror or exc}")
-    pgid = proc.pid  # start_new_session: the child leads its own group
+    with _live_lock:
+        if _stopping.is_set():
+            return _Run("error", None, "", "not started: the agent is stopping")
+        try:
+            proc = subprocess.Popen(cmd, stdin=subprocess.DEVNULL, stdout=subprocess.PIPE,
+                                    stderr=subprocess.PIPE, env=dict(env), start_new_session=True)
+        except OSError as exc:
+            return _Run("error", None, "", f"could not start {cmd[0]!r}: {exc.strerror or exc}")
+        pgid = proc.pid  # start_new_session: the child leads its own group
+        _live.add(pgid)
     try:
         out, err = proc.communicate(timeout=timeout)
     except subprocess.TimeoutExpired:
@@ -143,6 +188,8 @@ def run_once(cmd: list[str], env: Mapping[str, str], timeout: float) -> _Run:
         if proc.poll() is None:
             proc.kill()
             proc.wait()
+        with _live_lock:
+            _live.discard(pgid)
     tail = _tail(err)
     rc = proc.returncode
     if rc != 0:

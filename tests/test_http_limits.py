@@ -1,0 +1,345 @@
+"""The agent's HTTP server under hostile clients: head-size cap, request deadline, connection cap,
+default bind address, and which documentation paths exist. A real uvicorn (the agent's own
+configuration, agent/httpserver.py) serves the real app on 127.0.0.1 in a thread."""
+
+from __future__ import annotations
+
+import http.client
+import json
+import re
+import socket
+import threading
+import time
+from pathlib import Path
+
+import pytest
+
+from agent import httpserver
+from agent.app import create_app
+from agent.snapshot import AgentState
+
+REPO = Path(__file__).resolve().parents[1]
+
+
+class Served:
+    """uvicorn with :func:`agent.httpserver.config` on an ephemeral loopback port, in a thread."""
+
+    def __init__(self, **limits) -> None:
+        import uvicorn
+
+        state = AgentState("gpu-node-1", "training", interval=10, grace=5)
+        self.sock = socket.socket(socket.AF_INET, socket.SOCK_STREAM, socket.IPPROTO_TCP)
+        self.sock.bind(("127.0.0.1", 0))
+        self.sock.listen(2048)
+        self.port = self.sock.getsockname()[1]
+        self.server = uvicorn.Server(httpserver.config(create_app(state), **limits))
+        self.thread = threading.Thread(target=self.server.run, kwargs={"sockets": [self.sock]}, daemon=True)
+
+    def __enter__(self) -> "Served":
+        self.thread.start()
+        deadline = time.monotonic() + 20
+        while not self.server.started:
+            assert time.monotonic() < deadline, "uvicorn did not start"
+            time.sleep(0.01)
+        return self
+
+    def __exit__(self, *exc) -> None:
+        self.server.should_exit = True
+        self.thread.join(15)
+        self.sock.close()
+
+    def connect(self, timeout: float = 10.0) -> socket.socket:
+        return socket.create_connection(("127.0.0.1", self.port), timeout=timeout)
+
+    def get(self, path: str = "/readiness", timeout: float = 10.0) -> tuple[int, bytes]:
+        conn = http.client.HTTPConnection("127.0.0.1", self.port, timeout=timeout)
+        try:
+            conn.request("GET", path)
+            r = conn.getresponse()
+            return r.status, r.read()
+        finally:
+            conn.close()
+
+
+def read_until_closed(s: socket.socket, limit: int = 1 << 20) -> bytes:
+    """What the server sends until it closes (a reset after its reply counts as closed)."""
+    out = b""
+    try:
+        while len(out) < limit:
+            chunk = s.recv(65536)
+            if not chunk:
+                break
+            out += chunk
+    except ConnectionResetError:
+        pass
+    return out
+
+
+def closed_within(s: socket.socket, seconds: float, trickle: bytes = b"") -> float | None:
+    """Seconds until the server closes ``s`` (None if still open after ``seconds``); sends
+    ``trickle`` once a second meanwhile, as a slow client would."""
+    t0 = time.monotonic()
+    s.settimeout(1.0)
+    while time.monotonic() - t0 < seconds:
+        try:
+            if s.recv(65536) == b"":
+                return time.monotonic() - t0
+        except socket.timeout:
+            pass
+        except ConnectionResetError:
+            return time.monotonic() - t0
+        if trickle:
+            try:
+                s.sendall(trickle)
+            except (BrokenPipeError, ConnectionResetError):
+                return time.monotonic() - t0
+    return None
+
+
+# -- head size ---------------------------------------------------------------------------------
+def test_oversized_header_is_431_and_the_agent_still_serves():
+    with Served() as srv:
+        with srv.connect() as s:
+            s.sendall(b"GET /readiness HTTP/1.1\r\nHost: x\r\nX-Big: " + b"a" * (httpserver.MAX_HEAD_BYTES + 100)
+                      + b"\r\n\r\n")
+            reply = read_until_closed(s)
+        assert reply.startswith(b"HTTP/1.1 431 "), reply[:200]
+        assert b"connection: close" in reply.lower()
+        assert srv.get("/readiness")[0] == 503  # still answering (no snapshot yet: 503)
+        assert srv.get("/healthz")[0] == 200
+
+
+def test_oversized_request_line_is_431():
+    with Served() as srv:
+        with srv.connect() as s:
+            s.sendall(b"GET /" + b"a" * (httpserver.MAX_HEAD_BYTES + 10) + b" HTTP/1.1\r\nHost: x\r\n\r\n")
+            assert read_until_closed(s).startswith(b"HTTP/1.1 431 ")
+
+
+def test_many_small_headers_count_together():
+    """The cap is on the whole head, not on one header: 1,000 small headers pass no per-line limit."""
+    with Served() as srv:
+        with srv.connect() as s:
+            head = b"".join(b"X-H%d: %s\r\n" % (i, b"v" * 20) for i in range(1000))
+            s.sendall(b"GET /healthz HTTP/1.1\r\nHost: x\r\n" + head + b"\r\n")
+            assert read_until_closed(s).startswith(b"HTTP/1.1 431 ")
+
+
+def test_head_just_under_the_cap_is_answered():
+    with Served() as srv:
+        start = b"GET /healthz HTTP/1.1\r\nHost: x\r\nX-Pad: "
+        end = b"\r\nConnection: close\r\n\r\n"
+        head = start + b"p" * (httpserver.MAX_HEAD_BYTES - len(start) - len(end)) + end
+        assert len(head) == httpserver.MAX_HEAD_BYTES
+        with srv.connect() as s:
+            for i in range(0, len(head), 1000):  # in many reads: the count runs across them
+                s.sendall(head[i:i + 1000])
+                time.sleep(0.001)
+            assert read_until_closed(s).startswith(b"HTTP/1.1 200 ")
+
+
+def test_keep_alive_requests_each_get_their_own_cap():
+    """The count starts again with each request on a kept-alive connection."""
+    with Served() as srv:
+        conn = http.client.HTTPConnection("127.0.0.1", srv.port, timeout=10)
+        try:
+            for _ in range(4):  # 4 x 12 KiB of headers on one connection: 48 KiB in all
+                conn.request("GET", "/healthz", headers={"X-Pad": "p" * (12 * 1024)})
+                r = conn.getresponse()
+                r.read()
+                assert r.status == 200
+        finally:
+            conn.close()
+
+
+def test_pipelined_requests_pass():
+    with Served() as srv:
+        with srv.connect() as s:
+            one = b"GET /healthz HTTP/1.1\r\nHost: x\r\n\r\n"
+            s.sendall(one * 600 + b"GET /healthz HTTP/1.1\r\nHost: x\r\nConnection: close\r\n\r\n")
+            assert read_until_closed(s, limit=1 << 24).count(b"HTTP/1.1 200 ") == 601
+
+
+@pytest.mark.slow
+def test_a_100mb_header_does_not_grow_the_process():
+    """Loose sanity bound; benchmarks/bench_http_limits.py measures the growth."""
+    psutil = pytest.importorskip("psutil")
+    proc = psutil.Process()
+    with Served() as srv:
+        srv.get("/healthz")
+        before = proc.memory_info().rss
+        with srv.connect() as s:
+            s.sendall(b"GET /readiness HTTP/1.1\r\nHost: x\r\nX-Big: ")
+            chunk = b"a" * (1 << 20)
+            sent = 0
+            try:
+                while sent < 100 << 20:
+                    s.sendall(chunk)
+                    sent += len(chunk)
+            except (BrokenPipeError, ConnectionResetError):
+                pass
+        grown = proc.memory_info().rss - before
+        assert grown < 50 << 20, f"RSS grew {grown / 2**20:.0f} MiB"
+        assert srv.get("/healthz")[0] == 200
+
+
+# -- deadline ----------------------------------------------------------------------------------
+def test_slowloris_connection_is_closed_within_the_deadline():
+    timeout = 1.0
+    with Served(request_timeout=timeout) as srv:
+        with srv.connect() as s:
+            s.sendall(b"GET /readiness HTTP/1.1\r\nHost: x\r\n")
+            t0 = time.monotonic()
+            s.settimeout(3 * timeout)
+            reply = b""
+            try:
+                while True:
+                    chunk = s.recv(65536)
+                    if not chunk:
+                        break
+                    reply += chunk
+                    s.sendall(b"X-Slow: 1\r\n")
+            except ConnectionResetError:
+                pass
+            except socket.timeout:
+                pytest.fail(f"slow connection still open after {3 * timeout:g} s")
+            lived = time.monotonic() - t0
+        assert reply.startswith(b"HTTP/1.1 408 "), reply[:200]
+        assert lived < 3 * timeout
+
+
+def test_trickling_headers_do_not_extend_the_deadline():
+    """One header line a second: each line resets no timer; the whole head has one deadline."""
+    timeout = 2.0
+    with Served(request_timeout=timeout) as srv:
+        with srv.connect() as s:
+            s.sendall(b"GET /readiness HTTP/1.1\r\nHost: x\r\n")
+            lived = closed_within(s, 3 * timeout, trickle=b"X-Slow: 1\r\n")
+        assert lived is not None, f"still open after {3 * timeout:g} s"
+
+
+def test_silent_connection_is_closed():
+    timeout = 1.0
+    with Served(request_timeout=timeout) as srv:
+        with srv.connect() as s:
+            assert closed_within(s, 3 * timeout) is not None
+
+
+def test_slow_body_is_cut_off():
+    """The deadline covers the whole request: a body trickled after a complete head too."""
+    timeout = 1.0
+    with Served(request_timeout=timeout) as srv:
+        with srv.connect() as s:
+            s.sendall(b"POST /readiness HTTP/1.1\r\nHost: x\r\nContent-Length: 100000\r\n\r\n")
+            assert closed_within(s, 3 * timeout, trickle=b"x") is not None
+
+
+def test_many_slow_connections_leave_readiness_answering():
+    """200 half-sent requests at once: /readiness still answers at once, and they all go."""
+    timeout = 2.0
+    with Served(request_timeout=timeout) as srv:
+        slow = []
+        try:
+            for _ in range(200):
+                s = srv.connect()
+                s.sendall(b"GET /readiness HTTP/1.1\r\nHost: x\r\n")
+                slow.append(s)
+            t0 = time.monotonic()
+            assert srv.get("/readiness", timeout=5)[0] == 503
+            assert time.monotonic() - t0 < 2.0
+            time.sleep(3 * timeout)
+            for s in slow:
+                s.settimeout(2.0)
+                assert read_until_closed(s).startswith(b"HTTP/1.1 408 ")
+        finally:
+            for s in slow:
+                s.close()
+
+
+def test_full_table_evicts_the_longest_waiting_connection():
+    """With the connection table full of silent clients, a new client is still answered."""
+    with Served(max_connections=20, request_timeout=60) as srv:
+        silent = []
+        try:
+            deadline = time.monotonic() + 20
+            for i in range(20):  # one at a time, each accepted before the next: their age is their order
+                silent.append(srv.connect())
+                while len(srv.server.server_state.connections) < i + 1:
+                    assert time.monotonic() < deadline
+                    time.sleep(0.005)
+            assert srv.get("/healthz", timeout=5)[0] == 200
+            # the oldest silent connection made room; the newest is still open
+            assert closed_within(silent[0], 2.0) is not None
+            assert closed_within(silent[-1], 0.2) is None
+            time.sleep(0.2)
+            assert srv.get("/readiness", timeout=5)[0] == 503
+        finally:
+            for s in silent:
+                s.close()
+
+
+def test_full_table_of_busy_connections_refuses_with_503():
+    """A connection in the middle of a request is never evicted: the newcomer gets 503."""
+    with Served(max_connections=1, request_timeout=60) as srv:
+        with srv.connect() as busy:
+            busy.sendall(b"POST /readiness HTTP/1.1\r\nHost: x\r\nContent-Length: 1000\r\n\r\n")
+            assert busy.recv(65536).startswith(b"HTTP/1.1 405 ")  # answered; its body is still due
+            with srv.connect() as late:
+                assert read_until_closed(late).startswith(b"HTTP/1.1 503 ")
+            busy.sendall(b"x" * 1000)
+        time.sleep(0.2)
+        assert srv.get("/healthz")[0] == 200
+
+
+def test_connection_limit_leaves_descriptors_to_the_agent():
+    import resource
+
+    soft, hard = resource.getrlimit(resource.RLIMIT_NOFILE)
+    try:
+        resource.setrlimit(resource.RLIMIT_NOFILE, (1024, hard))
+        assert httpserver.connection_limit() == 1024 - httpserver.FD_RESERVE
+        resource.setrlimit(resource.RLIMIT_NOFILE, (min(hard, 100000), hard))
+        assert httpserver.connection_limit() == min(httpserver.MAX_CONNECTIONS, min(hard, 100000) - 256)
+        resource.setrlimit(resource.RLIMIT_NOFILE, (200, hard))
+        assert httpserver.connection_limit() == 8
+    finally:
+        resource.setrlimit(resource.RLIMIT_NOFILE, (soft, hard))
+
+
+# -- bind address and documentation paths ----------------------------------------------------
+def test_serve_listens_on_loopback_by_default():
+    import inspect
+
+    from agent.cli import serve_cmd
+    from agent.service import ServeOptions
+
+    assert ServeOptions().host == "127.0.0.1"
+    default = inspect.signature(serve_cmd).parameters["host"].default
+    assert default == "127.0.0.1"
+
+
+def test_serve_help_shows_loopback_default():
+    import subprocess
+    import sys
+
+    out = subprocess.run([sys.executable, "-m", "agent.cli", "serve", "--help"], capture_output=True, text=True,
+                         cwd=REPO, env={"COLUMNS": "200", "PATH": "/usr/bin:/bin"}, timeout=60)
+    assert out.returncode == 0, out.stderr
+    host = out.stdout[out.stdout.index("--host"):out.stdout.index("--port")]
+    assert "default: 127.0.0.1" in host and "0.0.0.0" not in out.stdout
+
+
+def test_only_the_schema_is_served_and_it_lists_only_the_api():
+    """/openapi.json is served and documented; /docs and /redoc are neither served nor advertised."""
+    with Served() as srv:
+        code, body = srv.get("/openapi.json")
+        assert code == 200
+        assert sorted(json.loads(body)["paths"]) == sorted(
+            ["/readiness", "/healthz", "/audit", "/topology", "/probe", "/metrics"])
+        for path in ("/docs", "/redoc", "/docs/oauth2-redirect"):
+            assert srv.get(path)[0] == 404, path
+    docs = {p: p.read_text() for p in [REPO / "README.md", *sorted((REPO / "docs").glob("*.md"))]}
+    assert any("/openapi.json" in text for text in docs.values())
+    assert "no interactive documentation pages" in docs[REPO / "docs" / "security.md"]
+    for p, text in docs.items():  # no address of the agent with /docs or /redoc to open
+        assert not re.search(r"(?:9410|localhost|127\.0\.0\.1|node-ip>)[^\s`]*/(?:docs|redoc)\b", text), p

@@ -1,0 +1,247 @@
+"""Build the gpu-tune image with podman and print what it costs a node to pull.
+
+    python tools/image.py [--flavour cpu|gpu] [--tag TAG] [--python-image IMAGE]
+                          [--no-sizes] [--code-change] [--no-cache]
+
+Prints the build time, the image's size unpacked and compressed (each layer gzip -6, as a
+registry stores it), the layer table and, with --code-change, the layers and bytes a node pulls
+again after a change to the agent's code only (the tree is copied, one agent file touched, the
+image built again with the layer cache, and the two images' layer digests compared).
+
+The podman flags are the ones a machine without a Docker engine and with hybrid cgroups needs
+(--cgroup-manager cgroupfs, --runtime runc, ulimits a non-CAP_SYS_RESOURCE machine allows); the
+build machine's CA bundle and /etc/pip.conf are mounted into the build only when present there,
+never copied into the image. Without --python-image: python:3.11-slim-bookworm if podman has it,
+else, where mmdebstrap is installed, an equivalent Debian bookworm base built locally
+(localhost/debian-py:bookworm), else python:3.11-slim-bookworm pulled from its registry.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import shutil
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parent.parent
+DEFAULT_BASE = "python:3.11-slim-bookworm"
+LOCAL_BASE = "localhost/debian-py:bookworm"
+# What the build context holds (the .dockerignore allow-list): copied for --code-change.
+CONTEXT = ["Dockerfile", ".dockerignore", "pyproject.toml", "README.md", "agent", "workload",
+           "policies", "requirements", "data"]
+PODMAN = ["podman", "--cgroup-manager", "cgroupfs"]
+LIMITS = ["--ulimit", "nofile=20000:20000", "--ulimit", "nproc=4096:4096"]
+HOST_FILES = ["/etc/ssl/certs/ca-certificates.crt", "/etc/pip.conf"]
+
+
+def runtime_flags() -> list[str]:
+    return ["--runtime", "runc"] if shutil.which("runc") else []
+
+
+def run_flags() -> list[str]:
+    """Flags for `podman run` on this kind of machine (the test uses the same)."""
+    return runtime_flags() + LIMITS
+
+
+def podman(*args: str, check: bool = True, capture: bool = True) -> subprocess.CompletedProcess:
+    return subprocess.run([*PODMAN, *args], check=check, text=True,
+                          stdout=subprocess.PIPE if capture else None,
+                          stderr=subprocess.PIPE if capture else None)
+
+
+def image_exists(ref: str) -> bool:
+    return podman("image", "exists", ref, check=False).returncode == 0
+
+
+def local_base(log=sys.stderr) -> str:
+    """localhost/debian-py:bookworm, made with mmdebstrap if podman does not have it yet."""
+    if image_exists(LOCAL_BASE):
+        return LOCAL_BASE
+    with tempfile.TemporaryDirectory(prefix="gpu-tune-base-") as tmp:
+        tar = os.path.join(tmp, "base.tar")
+        print(f"building {LOCAL_BASE} with mmdebstrap (Debian bookworm, python3)", file=log)
+        subprocess.run(["mmdebstrap", "--quiet", "--variant=minbase",
+                        "--include=python3,python3-venv,ca-certificates,python-is-python3",
+                        "bookworm", tar], check=True)
+        podman("import", tar, LOCAL_BASE)
+    return LOCAL_BASE
+
+
+def choose_base(explicit: str | None) -> str:
+    if explicit:
+        return explicit
+    if image_exists(DEFAULT_BASE) or image_exists("docker.io/library/" + DEFAULT_BASE):
+        return DEFAULT_BASE
+    if shutil.which("mmdebstrap"):
+        return local_base()
+    return DEFAULT_BASE
+
+
+def build(context: Path, flavour: str, tag: str, base: str, log_path: Path,
+          no_cache: bool = False) -> float:
+    """Build; the output goes to log_path. Returns the seconds taken; raises with the log's tail."""
+    cmd = [*PODMAN, "build", *runtime_flags(), *LIMITS, "--layers"]
+    for f in HOST_FILES:
+        if os.path.isfile(f):
+            cmd += ["-v", f"{f}:{f}:ro"]
+    if no_cache:
+        cmd.append("--no-cache")
+    cmd += ["--build-arg", f"PYTHON_IMAGE={base}", "--build-arg", f"FLAVOUR={flavour}",
+            "-t", tag, str(context)]
+    t0 = time.monotonic()
+    with open(log_path, "w") as log:
+        rc = subprocess.run(cmd, stdout=log, stderr=subprocess.STDOUT).returncode
+    took = time.monotonic() - t0
+    if rc != 0:
+        tail = log_path.read_text(errors="replace").splitlines()[-30:]
+        raise RuntimeError(f"podman build failed (exit {rc}); {log_path} ends:\n" + "\n".join(tail))
+    return took
+
+
+def final_stage_steps(dockerfile: Path) -> list[str]:
+    """The last stage's layer-making instructions (RUN, COPY, ADD), each on one line."""
+    logical, cur = [], ""
+    for line in dockerfile.read_text().splitlines():
+        if not cur and (not line.strip() or line.lstrip().startswith("#")):
+            continue
+        if cur and line.lstrip().startswith("#"):
+            continue
+        cur += " " + line.strip().rstrip("\\")
+        if not line.rstrip().endswith("\\"):
+            logical.append(" ".join(cur.split()))
+            cur = ""
+    steps: list[str] = []
+    for ins in logical:
+        word = ins.split(" ", 1)[0].upper()
+        if word == "FROM":
+            steps = []
+        elif word in ("RUN", "COPY", "ADD"):
+            steps.append(ins.replace("--mount=type=bind,from=agent,source=/wheel,target=/wheel ", ""))
+    return steps
+
+
+def layers(tag: str, base: str | None = None) -> list[dict]:
+    """The image's layers, bottom first: diff digest, unpacked bytes, the step that made it."""
+    info = json.loads(podman("image", "inspect", tag).stdout)[0]
+    diff_ids = info["RootFS"]["Layers"]
+    named: dict[int, str] = {}
+    if base is not None and image_exists(base):
+        n_base = len(json.loads(podman("image", "inspect", base).stdout)[0]["RootFS"]["Layers"])
+        steps = final_stage_steps(ROOT / "Dockerfile")
+        if n_base + len(steps) == len(diff_ids):
+            named = {i: "base image " + base for i in range(n_base)}
+            named.update({n_base + k: step for k, step in enumerate(steps)})
+    hist = [h for h in json.loads(podman("history", "--format", "json", "--no-trunc", tag).stdout)]
+    hist = [h for h in reversed(hist) if h.get("size", 0) or h.get("Size", 0)]
+    rows = []
+    for i, digest in enumerate(diff_ids):
+        h = hist[i] if i < len(hist) and len(hist) == len(diff_ids) else {}
+        created = (h.get("createdBy") or h.get("CreatedBy") or "").replace("\n", " ")
+        created = created.split("#(nop) ")[-1].strip()
+        rows.append({"index": i, "digest": digest, "size": int(h.get("size", h.get("Size", 0)) or 0),
+                     "step": named.get(i, " ".join(created.split()))[:72]})
+    return rows
+
+
+def compressed_sizes(tag: str, want: set[str] | None = None) -> dict[str, int]:
+    """gzip -6 size of each layer tar (or only those in want), keyed by diff digest."""
+    out: dict[str, int] = {}
+    with tempfile.TemporaryDirectory(prefix="gpu-tune-save-", dir=os.environ.get("TMPDIR")) as tmp:
+        d = os.path.join(tmp, "img")
+        podman("save", "--format", "docker-dir", "-o", d, tag)
+        manifest = json.loads(Path(d, "manifest.json").read_text())
+        config = json.loads(Path(d, manifest["config"]["digest"].split(":")[1]).read_text())
+        for layer, diff_id in zip(manifest["layers"], config["rootfs"]["diff_ids"]):
+            if want is not None and diff_id not in want:
+                continue
+            blob = os.path.join(d, layer["digest"].split(":")[1])
+            with open(blob, "rb") as fh:
+                magic = fh.read(2)
+            if magic == b"\x1f\x8b":  # already compressed
+                out[diff_id] = os.path.getsize(blob)
+                continue
+            gz = subprocess.Popen(["gzip", "-6", "-c", blob], stdout=subprocess.PIPE)
+            n = 0
+            while chunk := gz.stdout.read(1 << 20):
+                n += len(chunk)
+            gz.wait()
+            out[diff_id] = n
+    return out
+
+
+def mb(n: int) -> str:
+    return f"{n / 1e6:,.1f} MB" if n < 1e9 else f"{n / 1e9:,.2f} GB"
+
+
+def print_table(rows: list[dict], comp: dict[str, int], out=sys.stdout) -> None:
+    print(f"{'#':>2}  {'unpacked':>11}  {'gzip -6':>11}  layer (step)", file=out)
+    for r in rows:
+        print(f"{r['index']:>2}  {mb(r['size']):>11}  {mb(comp.get(r['digest'], 0)):>11}  {r['step']}", file=out)
+
+
+def copy_context(dst: Path) -> None:
+    for name in CONTEXT:
+        src = ROOT / name
+        if src.is_dir():
+            shutil.copytree(src, dst / name, ignore=shutil.ignore_patterns("__pycache__", "*.pyc"))
+        elif src.exists():
+            shutil.copy2(src, dst / name)
+
+
+def main(argv: list[str] | None = None) -> int:
+    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    ap.add_argument("--flavour", choices=["cpu", "gpu"], default="gpu")
+    ap.add_argument("--tag", default=None, help="default localhost/gpu-tune:0.1.0-FLAVOUR")
+    ap.add_argument("--python-image", default=os.environ.get("PYTHON_IMAGE") or None)
+    ap.add_argument("--no-cache", action="store_true", help="build every layer again (cold build time)")
+    ap.add_argument("--no-sizes", action="store_true", help="build only")
+    ap.add_argument("--code-change", action="store_true",
+                    help="also measure what a change to the agent's code only re-pulls")
+    ap.add_argument("--log-dir", default=None)
+    a = ap.parse_args(argv)
+    if shutil.which("podman") is None:
+        print("image: podman is not installed (apt-get install podman buildah runc mmdebstrap)",
+              file=sys.stderr)
+        return 2
+    tag = a.tag or f"localhost/gpu-tune:0.1.0-{a.flavour}"
+    log_dir = Path(a.log_dir or tempfile.gettempdir())
+    base = choose_base(a.python_image)
+    print(f"base image: {base}; flavour: {a.flavour}; tag: {tag}")
+    log = log_dir / f"gpu-tune-image-{a.flavour}.log"
+    took = build(ROOT, a.flavour, tag, base, log, no_cache=a.no_cache)
+    print(f"build: {took:.0f} s{' (no cache)' if a.no_cache else ''}; log {log}")
+    if a.no_sizes:
+        return 0
+    rows = layers(tag, base)
+    comp = compressed_sizes(tag)
+    unpacked = sum(r["size"] for r in rows)
+    print(f"size: {mb(unpacked)} unpacked, {mb(sum(comp.values()))} compressed "
+          f"(sum of layers, gzip -6), {len(rows)} layers")
+    print_table(rows, comp)
+    if a.code_change:
+        with tempfile.TemporaryDirectory(prefix="gpu-tune-ctx-") as tmp:
+            ctx = Path(tmp)
+            copy_context(ctx)
+            with open(ctx / "agent" / "__init__.py", "a") as fh:
+                fh.write(f"\n# code-only change {time.time_ns()}\n")
+            tag2 = tag + "-codechange"
+            took2 = build(ctx, a.flavour, tag2, base, log_dir / f"gpu-tune-image-{a.flavour}-2.log")
+        rows2 = layers(tag2, base)
+        old = {r["digest"] for r in rows}
+        new = [r for r in rows2 if r["digest"] not in old]
+        comp2 = compressed_sizes(tag2, want={r["digest"] for r in new})
+        print(f"code-only change: rebuilt in {took2:.0f} s; {len(rows2) - len(new)} of {len(rows2)} "
+              f"layers unchanged; a node pulls {len(new)} layer(s) again: "
+              f"{mb(sum(r['size'] for r in new))} unpacked, {mb(sum(comp2.values()))} compressed")
+        print_table(new, comp2)
+        podman("rmi", tag2, check=False)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
