@@ -71,15 +71,18 @@ bench: setup tools
 	  [ -z "$$need" ] || (apt-get update -qq && apt-get install -y -qq $(DEB_BENCH) >/dev/null); fi
 	$(BIN)/python benchmarks/run_all.py
 
-# kustomize and Helm each read files only inside their own folder: the policies, the alert rules
-# and the dashboard are copied into the chart (tests/test_helm.py fails while a copy differs).
+# kustomize and Helm each read files only inside their own folder: the policies, the alert rules,
+# the dashboard and the admission policy are copied into the chart (tests/test_helm.py fails while a
+# copy differs).
 chart-files:
-	mkdir -p charts/gpu-tune/files/policies charts/gpu-tune/files/rules charts/gpu-tune/files/dashboards
+	mkdir -p charts/gpu-tune/files/policies charts/gpu-tune/files/rules charts/gpu-tune/files/dashboards \
+	  charts/gpu-tune/files/admission
 	rm -f charts/gpu-tune/files/policies/*.yaml daemonset/base/policies/*.yaml
 	cp policies/*.yaml charts/gpu-tune/files/policies/
 	cp policies/*.yaml daemonset/base/policies/
 	cp daemonset/monitoring/rules/gpu-tune-alerts.yaml charts/gpu-tune/files/rules/
 	cp daemonset/monitoring/dashboards/gpu-tune.json charts/gpu-tune/files/dashboards/
+	cp daemonset/admission/admission-policy.yaml charts/gpu-tune/files/admission/
 
 # Lint the chart and package it into dist/ (Helm from the test extra, see tests/helmbin.py).
 chart: setup

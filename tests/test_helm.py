@@ -121,8 +121,9 @@ def validate(docs: list[dict]) -> list[str]:
 def test_helm_template_objects_are_valid(helm, values):
     docs = template(helm, values=values)
     kinds = sorted(d["kind"] for d in docs)
-    assert kinds == sorted(["ServiceAccount", "ClusterRole", "ClusterRole", "ClusterRoleBinding", "ConfigMap",
-                            "DaemonSet", "Pod"]), kinds
+    assert kinds == sorted(["ServiceAccount", "ClusterRole", "ClusterRole", "ClusterRoleBinding", "Role", "RoleBinding",
+                            "ConfigMap", "DaemonSet", "ValidatingAdmissionPolicy",
+                            "ValidatingAdmissionPolicyBinding", "Pod"]), kinds
     problems = validate(docs)
     assert not problems, "\n".join(problems)
 
@@ -229,8 +230,10 @@ CHART_COPIES = {  # chart file -> the canonical file it copies (make chart-files
     **{f"files/policies/{p.name}": f"policies/{p.name}" for p in sorted((REPO / "policies").glob("*.yaml"))},
     "files/rules/gpu-tune-alerts.yaml": "daemonset/monitoring/rules/gpu-tune-alerts.yaml",
     "files/dashboards/gpu-tune.json": "daemonset/monitoring/dashboards/gpu-tune.json",
+    "files/admission/admission-policy.yaml": "daemonset/admission/admission-policy.yaml",
 }
-COPY_HINT = "run `make chart-files` (copies policies/, alert rules and dashboard into charts/gpu-tune/files/)"
+COPY_HINT = ("run `make chart-files` (copies policies/, the alert rules, the dashboard and the admission policy "
+             "into charts/gpu-tune/files/)")
 
 
 def test_chart_files_are_identical_copies():
@@ -350,24 +353,34 @@ ADDONS = {"monitoring": ("PodMonitor", "PrometheusRule", "ConfigMap/gpu-tune-das
           "fleet-viewer": ("ClusterRole/gpu-tune-fleet-viewer",)}
 
 # The chart names the objects shared by the kustomize overlays after its release (two releases,
-# say audit and training, each own theirs); kustomize names them gpu-tune, and the policies
+# say audit and training, each own theirs); kustomize names them gpu-tune..., and the policies
 # ConfigMap carries kustomize's content hash. Chart name -> kustomize name, and the fields that
 # refer to them.
 def renames(release: str, kustomized: list[dict]) -> dict[tuple[str, str], str]:
     (policies,) = [d["metadata"]["name"] for d in kustomized
                    if d["kind"] == "ConfigMap" and d["metadata"]["name"].startswith("gpu-tune-policies-")]
     return {("ServiceAccount", release): "gpu-tune", ("ClusterRole", release): "gpu-tune",
-            ("ClusterRoleBinding", release): "gpu-tune", ("ConfigMap", f"{release}-policies"): policies}
+            ("ClusterRoleBinding", release): "gpu-tune", ("ConfigMap", f"{release}-policies"): policies,
+            ("Role", f"{release}-events"): "gpu-tune-events", ("RoleBinding", f"{release}-events"): "gpu-tune-events",
+            ("ValidatingAdmissionPolicy", f"{release}-own-node"): "gpu-tune-own-node",
+            ("ValidatingAdmissionPolicyBinding", f"{release}-own-node"): "gpu-tune-own-node",
+            # the admission policy matches the agent's requests by its ServiceAccount's user name
+            ("username", f"system:serviceaccount:{NAMESPACE}:{release}"): f"system:serviceaccount:{NAMESPACE}:gpu-tune"}
 
 
 REFERENCES = {  # kind -> (path of a field naming another object, kind of that object)
     "DaemonSet": [("spec.template.spec.serviceAccountName", "ServiceAccount"),
                   ("spec.template.spec.volumes[policies].configMap.name", "ConfigMap")],
     "ClusterRoleBinding": [("roleRef.name", "ClusterRole"), ("subjects[0].name", "ServiceAccount")],
+    "RoleBinding": [("roleRef.name", "Role"), ("subjects[0].name", "ServiceAccount")],
+    "ValidatingAdmissionPolicyBinding": [("spec.policyName", "ValidatingAdmissionPolicy")],
 }
+# Fields holding an expression that names an object: the chart's name is replaced inside the text.
+TEXT_REFERENCES = {"ValidatingAdmissionPolicy": [("spec.matchConditions[0].expression", "username")]}
 
 # Every difference the comparison accepts: (kind pattern, field path pattern, side, why).
-# side "chart": the chart has the field and kustomize has not; "both": present on both sides.
+# side "chart": the chart has the field and kustomize has not; "whitespace": both have it, and the
+# two texts differ in whitespace only.
 ALLOWED = [
     (r".*", r"metadata\.labels\.(helm\.sh/chart|app\.kubernetes\.io/managed-by|app\.kubernetes\.io/version)",
      "chart", "Helm's standard labels"),
@@ -378,6 +391,9 @@ ALLOWED = [
      "this checksum"),
     (r"PodMonitor", r"spec\.selector\.matchLabels\.app\.kubernetes\.io/instance", "chart",
      "a release's monitor scrapes that release's agents only"),
+    (r"ValidatingAdmissionPolicy", r"spec\.(validations|variables)\[\d+\]\.(expression|messageExpression)", "whitespace",
+     "kustomize re-folds the policy's folded (>-) CEL expressions, doubling the line breaks before "
+     "more-indented lines; CEL ignores whitespace"),
 ]
 
 KEYED_LISTS = {"containers", "env", "volumes", "volumeMounts", "ports"}
@@ -426,6 +442,8 @@ def set_path(doc, path: str, value) -> None:
 
 def allowed(kind: str, path: str, kval, cval) -> bool:
     side = "chart" if kval is MISSING else "kustomize" if cval is MISSING else "both"
+    if side == "both" and isinstance(kval, str) and isinstance(cval, str) and kval.split() == cval.split():
+        side = "whitespace"
     return any(re.fullmatch(k, kind) and re.fullmatch(p, path) and s == side for k, p, s, _ in ALLOWED)
 
 
@@ -437,6 +455,11 @@ def compare(kustomized: list[dict], charted: list[dict], names: dict[tuple[str, 
         for path, target_kind in REFERENCES.get(kind, []):
             ref = get_path(doc, path)
             set_path(doc, path, names.get((target_kind, ref), ref))
+        for path, what in TEXT_REFERENCES.get(kind, []):
+            text = get_path(doc, path)
+            for (k, old), new in names.items():
+                text = text.replace(f"'{old}'", f"'{new}'") if k == what else text
+            set_path(doc, path, text)
         chart_by_key[(kind, doc["metadata"]["name"])] = doc
     kust_by_key = {(d["kind"], d["metadata"]["name"]): d for d in kustomized}
     problems = [f"{k[0]}/{k[1]}: only in kustomize" for k in sorted(set(kust_by_key) - set(chart_by_key))]
@@ -494,3 +517,29 @@ def test_chart_releases_give_one_agent_per_gpu_node(helm, labels, expected):
     got = {name for name in ("audit", "training", "inference")
            if schedules_on(the(template(helm, f"gpu-tune-{name}", f"values-{name}.yaml"), "DaemonSet"), labels)}
     assert got == expected
+
+
+def test_revert_mode_keeps_the_enforcing_pod_on_its_nodes(helm):
+    """`helm upgrade --set mode=revert` restarts the enforcing pods in place, with the same writable
+    shape (the revert writes the originals back), changing only the mode on the command line."""
+    enforce = the(template(helm, "gpu-tune-training", "values-training.yaml"), "DaemonSet")
+    revert = the(template(helm, "gpu-tune-training", "values-training.yaml", ["mode=revert"]), "DaemonSet")
+    problems = diff(enforce, revert)
+    args = enforce["spec"]["template"]["spec"]["containers"][0]["args"]
+    assert problems == [(f"spec.template.spec.containers[gpu-tune].args[{args.index('--mode') + 1}]", "enforce", "revert")]
+
+
+def test_admission_policy_values(helm):
+    docs = template(helm, "gpu-tune-training", "values-training.yaml")
+    (binding,) = of_kind(docs, "ValidatingAdmissionPolicyBinding")
+    (policy,) = of_kind(docs, "ValidatingAdmissionPolicy")
+    sa = the(docs, "ServiceAccount")
+    assert binding["spec"]["policyName"] == policy["metadata"]["name"] == "gpu-tune-training-own-node"
+    assert binding["spec"]["validationActions"] == ["Deny"]
+    user = f"system:serviceaccount:{sa['metadata']['namespace']}:{sa['metadata']['name']}"
+    assert policy["spec"]["matchConditions"][0]["expression"] == f"request.userInfo.username == '{user}'"
+    tried = of_kind(template(helm, sets=["admissionPolicy.validationActions={Warn,Audit}"]),
+                    "ValidatingAdmissionPolicyBinding")
+    assert tried[0]["spec"]["validationActions"] == ["Warn", "Audit"]
+    off = template(helm, sets=["admissionPolicy.enabled=false"])
+    assert not of_kind(off, "ValidatingAdmissionPolicy") and not of_kind(off, "ValidatingAdmissionPolicyBinding")

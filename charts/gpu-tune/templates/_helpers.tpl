@@ -26,8 +26,9 @@ helm.sh/chart: {{ printf "%s-%s" .Chart.Name .Chart.Version | replace "+" "_" }}
 {{- printf "%s:%s" .Values.image.repository (.Values.image.tag | default .Chart.AppVersion) -}}
 {{- end -}}
 
+{{/* enforce and revert write the host: writable /proc and /sys, privileged, the enforce overlays' shape. */}}
 {{- define "gpu-tune.enforcing" -}}
-{{- if eq .Values.mode "enforce" }}true{{ end -}}
+{{- if has .Values.mode (list "enforce" "revert") }}true{{ end -}}
 {{- end -}}
 
 {{/* Where the agent runs: GPU nodes (NFD or GPU Operator label), narrowed by profile-request. */}}
