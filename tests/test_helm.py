@@ -543,3 +543,8 @@ def test_admission_policy_values(helm):
     assert tried[0]["spec"]["validationActions"] == ["Warn", "Audit"]
     off = template(helm, sets=["admissionPolicy.enabled=false"])
     assert not of_kind(off, "ValidatingAdmissionPolicy") and not of_kind(off, "ValidatingAdmissionPolicyBinding")
+    # Kubernetes 1.29 has no admissionregistration.k8s.io/v1 policy kinds: the rest installs without them.
+    proc = run([helm, "template", "gpu-tune", str(CHART), "--kube-version", "1.29.0"])
+    assert proc.returncode == 0, proc.stderr
+    kinds = {d["kind"] for d in yaml.safe_load_all(proc.stdout) if d}
+    assert "DaemonSet" in kinds and "ValidatingAdmissionPolicy" not in kinds
