@@ -15,7 +15,7 @@ FLAVOUR ?= gpu
 UV_COMPILE := $(BIN)/uv pip compile --quiet --no-config --python-version 3.11 \
   --python-platform x86_64-manylinux_2_28 --generate-hashes
 
-.PHONY: setup tools image-tools image lock run test bench clean
+.PHONY: setup tools image-tools image lock run test bench clean chart-files chart
 
 $(VENV)/.installed: pyproject.toml
 	$(PYTHON) -m venv $(VENV)
@@ -70,6 +70,24 @@ bench: setup tools
 	  for t in wrk hyperfine prometheus-node-exporter; do command -v $$t >/dev/null || need=1; done; \
 	  [ -z "$$need" ] || (apt-get update -qq && apt-get install -y -qq $(DEB_BENCH) >/dev/null); fi
 	$(BIN)/python benchmarks/run_all.py
+
+# kustomize and Helm each read files only inside their own folder: the policies, the alert rules,
+# the dashboard and the admission policy are copied into the chart (tests/test_helm.py fails while a
+# copy differs).
+chart-files:
+	mkdir -p charts/gpu-tune/files/policies charts/gpu-tune/files/rules charts/gpu-tune/files/dashboards \
+	  charts/gpu-tune/files/admission
+	rm -f charts/gpu-tune/files/policies/*.yaml daemonset/base/policies/*.yaml
+	cp policies/*.yaml charts/gpu-tune/files/policies/
+	cp policies/*.yaml daemonset/base/policies/
+	cp daemonset/monitoring/rules/gpu-tune-alerts.yaml charts/gpu-tune/files/rules/
+	cp daemonset/monitoring/dashboards/gpu-tune.json charts/gpu-tune/files/dashboards/
+	cp daemonset/admission/admission-policy.yaml charts/gpu-tune/files/admission/
+
+# Lint the chart and package it into dist/ (Helm from the test extra, see tests/helmbin.py).
+chart: setup
+	helm=$$($(BIN)/python tests/helmbin.py) && $$helm lint --strict charts/gpu-tune && \
+	  $$helm package charts/gpu-tune --destination dist
 
 clean:
 	rm -rf $(VENV) build *.egg-info .pytest_cache
