@@ -56,12 +56,15 @@ class Snapshot:
     probe_last_success: Mapping[str, float] = field(default_factory=dict)
     collectors: tuple[CollectorStatus, ...] = ()
     metrics_detail: bool = False
+    # the latest `gpu-tune gain` document (measured once per start in enforce mode), or None
+    gain: Mapping[str, Any] | None = None
     # pre-rendered bodies
     readiness_body: bytes = b""
     metrics_body: bytes = b""
     audit_body: bytes = b""
     topology_body: bytes = b""
     probe_body: bytes = b""
+    gain_body: bytes = b""
 
     @property
     def readiness_status(self) -> int:
@@ -83,6 +86,7 @@ class Snapshot:
             "audit_body": dumps(snap.audit) if snap.audit is not None else b"",
             "topology_body": dumps(snap.topology) if snap.topology is not None else b"",
             "probe_body": dumps([dict(p) for p in snap.probes]),
+            "gain_body": dumps(snap.gain) if snap.gain is not None else b"",
         }
         for k, v in bodies.items():
             object.__setattr__(snap, k, v)
