@@ -42,6 +42,7 @@ SETTINGS: dict[str, list[str]] = {
     "bench_probe.py": ["--runs", "2", "--busy-runs", "1", "--repeats", "3"],
     "bench_agent.py": ["--idle", "20", "--interval", "10"],
     "bench_http.py": ["--duration", "10", "--repeat", "2"],
+    "bench_gain.py": ["--pairs", "3"],
 }
 QUICK: dict[str, list[str]] = {
     "bench_audit.py": ["--runs", "7"],
@@ -52,6 +53,7 @@ QUICK: dict[str, list[str]] = {
     "bench_probe.py": ["--runs", "1", "--busy-runs", "1", "--repeats", "2", "--seconds", "2"],
     "bench_agent.py": ["--idle", "10", "--interval", "5"],
     "bench_http.py": ["--duration", "3", "--repeat", "1"],
+    "bench_gain.py": ["--pairs", "3", "--window", "0.5"],
 }
 DEFAULT_TIMEOUT = 420.0  # seconds per benchmark
 HEADLINE = re.compile(r"\b(PASS|FAIL|MISSED|TARGET|targets?|goal)\b")
