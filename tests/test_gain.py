@@ -207,3 +207,20 @@ def test_real_probe_gain_on_this_machine(make_host):
         assert m["verdict"] in ("gain", "loss", "no significant difference", "inconclusive")
         assert m["ratio"] is not None and m["ci95"][0] <= m["ratio"] <= m["ci95"][1]
     assert doc["host_left_as_asked"] and snapshot_tree(root) == before
+
+
+@pytest.mark.slow
+def test_workload_times_each_launch_bound_step_when_asked():
+    env = {**os.environ, "PYTHONPATH": str(REPO), "CUDA_VISIBLE_DEVICES": ""}
+    cmd = [sys.executable, "-m", "workload.mnist_probe", "--device", "cpu", "--window-seconds", "0.3"]
+    p = subprocess.run(cmd + ["--launch-bound-only", "--step-times"], capture_output=True, text=True, env=env,
+                       timeout=300)
+    doc = json.loads(p.stdout)
+    assert doc["ok"], doc.get("error")
+    lb = doc["regimes"]["launch_bound"]
+    st = lb["step_seconds"]
+    assert lb["steps_per_call"] == 1 and st["samples"] == lb["steps"] == len(lb["step_seconds_all"])
+    assert 0 < st["p50"] <= st["p99"] and st["p99_over_p50"] == pytest.approx(st["p99"] / st["p50"], rel=1e-3)
+    assert min(lb["step_seconds_all"]) <= st["p50"] <= max(lb["step_seconds_all"])
+    # only the launch-bound window ran: no device-bound window, no correctness run
+    assert list(doc["regimes"]) == ["launch_bound"] and doc["accuracy"] is None
