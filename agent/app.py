@@ -151,6 +151,16 @@ def create_app(state: AgentState) -> FastAPI:
             return _missing("probe result")
         return Response(snap.probe_body, media_type=JSON_CONTENT_TYPE)
 
+    @app.get("/gain", response_model=None, summary="The tuning gain measured at the agent's start (untuned vs tuned)",
+             responses={200: {"description": "gpu-tune gain document"}, 503: {"model": ErrorModel}})
+    async def gain() -> Response:
+        snap = state.snapshot
+        if snap is None or not snap.gain_body:
+            return Response(_dumps({"detail": "no gain measurement: it runs once at the agent's start in enforce "
+                                              "mode when the profile sets gain.measure_on_start"}),
+                            status_code=503, media_type=JSON_CONTENT_TYPE)
+        return Response(snap.gain_body, media_type=JSON_CONTENT_TYPE)
+
     @app.get("/metrics", response_model=None, summary="Prometheus text exposition",
              responses={200: {"content": {PROM_CONTENT_TYPE: {}}}})
     async def metrics() -> Response:

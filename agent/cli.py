@@ -427,6 +427,57 @@ def probe_cmd(
     return 0 if passed else 1
 
 
+@command("gain", help="Measure what the profile gains (or loses) here: the probe's launch-bound regime untuned vs "
+                       "tuned, interleaved pairs, 95% interval. Exit 0 gain or no difference, 1 loss or inconclusive.")
+def gain_cmd(
+    g: Globals,
+    profile: ProfileOpt = "training",
+    gpu: Annotated[Optional[str], typer.Option("--gpu", metavar="N|all", help="GPU index or 'all' [default: all]")] = None,
+    pairs: Annotated[int, typer.Option("--pairs", metavar="K", help="Untuned/tuned pairs, run A/B/B/A… (1..50)")] = 3,
+    keep: Annotated[bool, typer.Option("--keep", help="Leave the host tuned afterwards (default: as found)")] = False,
+    force: Annotated[bool, typer.Option("--force", help="Compare even when a GPU is busy with other work")] = False,
+    window: Annotated[Optional[float], typer.Option("--window", metavar="S",
+                                                    help="Timed seconds of each run's launch-bound window "
+                                                         "[default: the profile's probe window]")] = None,
+    data: Annotated[Optional[str], typer.Option("--data", metavar="PATH", help="MNIST .npz or IDX folder")] = None,
+    timeout: Annotated[Optional[float], typer.Option("--timeout", metavar="S", min=1.0,
+                                                     help="Hard timeout per run, seconds [default: the profile's]")] = None,
+) -> int:
+    import signal
+
+    from . import gain as gain_mod
+    from .topology import discover
+
+    if gpu is not None and gpu != "all" and not gpu.isdigit():
+        raise InputError(f"--gpu {gpu!r}: expected a GPU index or 'all'")
+    if not 1 <= pairs <= gain_mod.MAX_PAIRS:
+        raise InputError(f"--pairs {pairs}: expected 1..{gain_mod.MAX_PAIRS}")
+    if window is not None and not 0 < window <= 600:
+        raise InputError(f"--window {window}: expected 0 < S <= 600")
+    if data is not None and not os.path.exists(data):
+        raise InputError(f"--data {data}: no such file or folder")
+    prof = _profile(g, profile)
+    fs = _fs(g)
+    backend = _gpu(g)
+    topo = discover(fs, backend)
+
+    def on_term(signum, frame):  # leave the host as found on SIGTERM too (SIGKILL: `gpu-tune revert`)
+        raise KeyboardInterrupt
+
+    old = signal.signal(signal.SIGTERM, on_term)
+    try:
+        doc = gain_mod.measure_gain(fs=fs, profile=prof, backend=backend, topology=topo, gpu=gpu, pairs=pairs,
+                                    keep=keep, force=force, data=data, window=window, timeout=timeout,
+                                    progress=lambda m: log.info("gain: %s", m))
+    finally:
+        signal.signal(signal.SIGTERM, old)
+    if g.output == "json":
+        _print_json(doc)
+    else:
+        _console().print(gain_mod.render_gain(doc))
+    return gain_mod.exit_code(doc)
+
+
 @command("label", help="Publish labels, taint and condition for this node once.")
 def label_cmd(
     g: Globals,

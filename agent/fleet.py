@@ -14,6 +14,10 @@ drift           ``drift`` of the annotation ``gpu-tune.io/summary``: audit rows 
                 or error
 probe           ``probe`` of the summary: how many targets passed (the images/s are not on the
                 Node: they vary from run to run; see the agents' metrics)
+gain            ``gain`` of the summary: the tuning gain the agent measured at its start (``gpu-tune
+                gain``), as ``+5%`` (a gain), ``LOSS -8%``, ``~0%`` (no significant difference),
+                ``?`` (inconclusive); ``-`` when not measured. Per GPU model, the median images/s
+                ratio over its nodes with a measured ratio
 reasons         ``failing`` of the summary: each failing check and its detail (an agent without the
                 summary annotation: the check names of the condition's message)
 ==============  ===================================================================================
@@ -68,6 +72,21 @@ class FleetNode:
     probe: Mapping[str, Any] = field(default_factory=dict)
     failing: tuple[Mapping[str, str], ...] = ()
     reason: str = ""  # why NotReporting
+    gain: Mapping[str, Any] = field(default_factory=dict)  # the summary's gain: verdict, ratio, ci95
+
+    def gain_text(self) -> str:
+        v = self.gain.get("verdict")
+        r = self.gain.get("ratio")
+        pct = f"{(r - 1) * 100:+.0f}%" if isinstance(r, (int, float)) and not isinstance(r, bool) else ""
+        if not v:
+            return "-"
+        if v == "loss":
+            return f"LOSS {pct}".strip()
+        if v == "gain":
+            return pct or "gain"
+        if v == "no significant difference":
+            return "~0%"
+        return "?" if v == "inconclusive" else str(v)
 
     @property
     def ready(self) -> bool:
@@ -84,7 +103,8 @@ class FleetNode:
                 "heartbeat": self.heartbeat, "profile": self.profile, "gpu_model": self.gpu_model,
                 "gpu_count": self.gpu_count, "drift": self.drift,
                 "probe": {"passed": passed, "targets": total, "by_target": dict(self.probe)},
-                "failing": [dict(f) for f in self.failing], "reason": self.reason}
+                "failing": [dict(f) for f in self.failing], "reason": self.reason,
+                "gain": dict(self.gain) or None}
 
 
 @dataclass(frozen=True)
@@ -94,10 +114,15 @@ class ModelSummary:
     ready: int
     not_ready: int
     not_reporting: int
+    gain_median_ratio: float | None = None  # median images/s ratio over nodes with a measured one
+    gain_nodes: int = 0
+    gain_losses: int = 0
 
     def as_dict(self) -> dict[str, Any]:
         return {"gpu_model": self.gpu_model, "nodes": self.nodes, "ready": self.ready,
-                "not_ready": self.not_ready, "not_reporting": self.not_reporting}
+                "not_ready": self.not_ready, "not_reporting": self.not_reporting,
+                "gain": {"median_ratio": self.gain_median_ratio, "nodes_measured": self.gain_nodes,
+                         "losses": self.gain_losses}}
 
 
 @dataclass(frozen=True)
@@ -186,9 +211,11 @@ def judge_node(node: Mapping[str, Any], *, now: float, stale_after_s: float = ST
     model = labels.get(LABEL_GPU_PRODUCT) or labels.get("nvidia.com/gpu.product") or "unknown"
     drift = summary.get("drift")
     probe = summary.get("probe")
+    gain = summary.get("gain")
     base = dict(name=name, profile=labels.get(LABEL_PROFILE), gpu_model=str(model), gpu_count=count,
                 drift=drift if isinstance(drift, int) and not isinstance(drift, bool) else None,
                 probe=probe if isinstance(probe, Mapping) else {},
+                gain=gain if isinstance(gain, Mapping) else {},
                 since=(cond or {}).get("lastTransitionTime"), heartbeat=(cond or {}).get("lastHeartbeatTime"))
 
     kubelet = _condition(node, "Ready")
@@ -239,9 +266,22 @@ def fleet_report(nodes: Iterable[Mapping[str, Any]], *, now: float | None = None
     for r in rows:
         by_model.setdefault(r.gpu_model, []).append(r)
     models = tuple(ModelSummary(m, len(rs), sum(r.status == READY for r in rs),
-                                sum(r.status == NOT_READY for r in rs), sum(r.status == NOT_REPORTING for r in rs))
+                                sum(r.status == NOT_READY for r in rs), sum(r.status == NOT_REPORTING for r in rs),
+                                *_gain_of(rs))
                    for m, rs in sorted(by_model.items()))
     return FleetReport(tuple(rows), models, listed, stale_after_s, now)
+
+
+def _gain_of(rows: list[FleetNode]) -> tuple[float | None, int, int]:
+    """(median images/s ratio over the nodes that have one, how many, how many show a loss)."""
+    ratios = sorted(float(r.gain["ratio"]) for r in rows
+                    if isinstance(r.gain.get("ratio"), (int, float)) and not isinstance(r.gain.get("ratio"), bool))
+    losses = sum(1 for r in rows if r.gain.get("verdict") == "loss")
+    if not ratios:
+        return None, 0, losses
+    k = len(ratios) // 2
+    med = ratios[k] if len(ratios) % 2 else (ratios[k - 1] + ratios[k]) / 2
+    return round(med, 3), len(ratios), losses
 
 
 # -- rendering --------------------------------------------------------------------------------
@@ -259,7 +299,7 @@ def _reasons(row: FleetNode) -> str:
 def render_table(report: FleetReport) -> str:
     """kubectl-style columns, one node per line (ready ones first, problems last), then one
     summary line per GPU model and a total."""
-    head = ("NODE", "STATUS", "SINCE", "PROFILE", "GPUS", "DRIFT", "PROBE", "REASONS")
+    head = ("NODE", "STATUS", "SINCE", "PROFILE", "GPUS", "DRIFT", "PROBE", "GAIN", "REASONS")
     lines = [head]
     for r in report.nodes:
         since = _epoch(r.since)
@@ -267,14 +307,20 @@ def render_table(report: FleetReport) -> str:
         gpus = f"{r.gpu_count if r.gpu_count is not None else '?'}x {r.gpu_model}"
         lines.append((r.name, r.status, age(report.generated_at - since) if since else "-", r.profile or "-", gpus,
                       "-" if r.drift is None else str(r.drift), f"{passed}/{total}" if total else "-",
-                      _reasons(r)))
+                      r.gain_text(), _reasons(r)))
     widths = [max(len(row[i]) for row in lines) for i in range(len(head) - 1)]
     out = ["  ".join(c.ljust(w) for c, w in zip(row[:-1], widths)) + "  " + row[-1] for row in lines]
     out = [line.rstrip() for line in out] if report.nodes else []
     out.append("")
     for m in report.models:
+        gain = ""
+        if m.gain_median_ratio is not None:
+            gain = (f"; median tuning gain {(m.gain_median_ratio - 1) * 100:+.1f}% over {m.gain_nodes} "
+                    f"node{'s' if m.gain_nodes != 1 else ''}")
+        if m.gain_losses:
+            gain += f"; LOSS on {m.gain_losses} node{'s' if m.gain_losses != 1 else ''}"
         out.append(f"{m.gpu_model}: {m.nodes} node{'s' if m.nodes != 1 else ''}: {m.ready} ready, "
-                   f"{m.not_ready} not ready, {m.not_reporting} not reporting")
+                   f"{m.not_ready} not ready, {m.not_reporting} not reporting{gain}")
     total = len(report.nodes)
     ready = sum(r.ready for r in report.nodes)
     if total:

@@ -45,10 +45,14 @@ wrote; stale ones are removed on the next publish, others' labels are never touc
 ``drift`` is the number of audit rows in drift, conflict or error (null before the first audit);
 ``failing`` the failing readiness checks with their detail (readings that move from pass to pass,
 a GPU's utilization or temperature, are left out of it); ``probe`` one entry per probe target: its
-status, the accuracy and fingerprint of the deterministic run. Only values that stay put on a
-steady node go in, so a steady node makes no write, restarts included: the probe's images/s vary
-from run to run on the same node (9.8k to 15k measured) and stay in the metrics and ``/probe``.
-The value stays under :data:`MAX_SUMMARY_ANNOTATION`.
+status, the accuracy and fingerprint of the deterministic run; ``gain`` (only when the agent
+measured it at its start) the node's ``gpu-tune gain`` verdict with the images/s ratio of its
+median target and that ratio's 95 % interval, rounded to two decimals (``{"verdict": "gain",
+"ratio": 1.05, "ci95": [1.02, 1.08]}``; no ratio when there is no interval): measured once per
+start, so stable until re-measured. Only values that stay put on a steady node go in, so a steady
+node makes no write, restarts included (with the gain measurement on, a restart re-measures it):
+the probe's images/s vary from run to run on the same node (9.8k to 15k measured) and stay in the
+metrics and ``/probe``. The value stays under :data:`MAX_SUMMARY_ANNOTATION`.
 
 Condition ``GPUHostReady`` (status ``True``/``False``) and the taint
 ``gpu-tune.io/not-ready:NoSchedule``: ``taint_wanted`` is ``False`` when ready (remove it),
@@ -283,8 +287,27 @@ def _get(obj: Any, key: str) -> Any:
     return obj.get(key) if isinstance(obj, Mapping) else getattr(obj, key, None)
 
 
+def gain_summary(gain: Mapping[str, Any] | None) -> dict[str, Any] | None:
+    """The node's gain in the summary: its verdict and, where every measured target has an
+    interval, the images/s ratio and interval of its median target (two decimals)."""
+    if not isinstance(gain, Mapping):
+        return None
+    out: dict[str, Any] = {"verdict": str(gain.get("verdict") or "error")}
+    rows = []
+    for t in gain.get("targets") or []:
+        m = ((t.get("measures") or {}).get("images_per_second") or {}) if isinstance(t, Mapping) else {}
+        ci = m.get("ci95")
+        if _number(m.get("ratio")) is None or not isinstance(ci, (list, tuple)) or len(ci) != 2:
+            return out
+        rows.append((_number(m["ratio"]), _number(ci[0]), _number(ci[1])))
+    if rows and all(None not in r for r in rows):
+        r, lo, hi = sorted(rows)[(len(rows) - 1) // 2]  # the median target, with its own interval
+        out["ratio"], out["ci95"] = round(r, 2), [round(lo, 2), round(hi, 2)]
+    return out
+
+
 def node_summary(*, audit: Mapping[str, Any] | None, checks: Iterable[Any] | None,
-                 probes: Sequence[Mapping[str, Any]] | None) -> dict[str, Any]:
+                 probes: Sequence[Mapping[str, Any]] | None, gain: Mapping[str, Any] | None = None) -> dict[str, Any]:
     """The ``gpu-tune.io/summary`` document (see the module docstring). ``checks`` are readiness
     checks (objects or mappings with name, ok, detail); ``probes`` probe verdicts as documents."""
     drift = None
@@ -309,6 +332,9 @@ def node_summary(*, audit: Mapping[str, Any] | None, checks: Iterable[Any] | Non
             entry["fingerprint"], entry["peer_group"] = ident
         probe[str(p.get("gpu", "?"))] = entry
     doc["probe"] = probe
+    g = gain_summary(gain)
+    if g is not None:
+        doc["gain"] = g
     return doc
 
 
@@ -345,6 +371,7 @@ def desired_node_state(
     audit: Mapping[str, Any] | None = None,
     probes: Sequence[Mapping[str, Any]] | None = None,
     mode: str = "enforce",
+    gain: Mapping[str, Any] | None = None,
 ) -> NodeWant:
     """The labels, annotations, ``GPUHostReady`` condition and taint wish for one verdict.
 
@@ -390,7 +417,7 @@ def desired_node_state(
     annotations = {
         ANNOTATION_TOPOLOGY: topology_annotation(topology),
         ANNOTATION_OWNED: ",".join(sorted(labels)),
-        ANNOTATION_SUMMARY: summary_annotation(node_summary(audit=audit, checks=checks, probes=probes)),
+        ANNOTATION_SUMMARY: summary_annotation(node_summary(audit=audit, checks=checks, probes=probes, gain=gain)),
     }
     condition = {
         "type": CONDITION_TYPE,

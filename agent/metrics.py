@@ -28,6 +28,13 @@ of the device-bound regime (where a healthy GPU is at least 90 % busy; the launc
 ``--metrics-detail``). A
 result without ``regimes`` (saved by an older probe) gives its ``train_images_per_second`` as
 ``regime="launch_bound"``.
+
+Tuning gain (``gpu-tune gain``, measured once per agent start in enforce mode when the profile
+sets ``gain.measure_on_start``): ``gpu_tune_tuning_gain_ratio{gpu,regime,measure}`` (tuned /
+untuned) with ``gpu_tune_tuning_gain_ratio_lower`` and ``_upper`` (its 95 % interval), for the
+measures ``images_per_second`` and ``jitter_p99_over_p50`` only: 6 series per GPU. A measure
+without an interval (too few pairs) has no series: never a ratio without its bounds. The step
+time percentiles are in ``GET /gain``.
 """
 
 from __future__ import annotations
@@ -52,6 +59,7 @@ GPU_LABELS = ("gpu", "UUID", "pci_bus_id", "modelName", "Hostname", "numa_node")
 # Statuses in the order their series are written (CONTRACT §3); others follow by name.
 STATUSES = ("ok", "drift", "conflict", "error", "unsupported")
 NONCOMPLIANT = ("drift", "conflict", "error")
+GAIN_MEASURES = ("images_per_second", "jitter_p99_over_p50")  # exported; all four are in GET /gain
 
 FAMILIES: dict[str, tuple[str, tuple[str, ...]]] = {
     "gpu_tune_build_info": ("gpu-tune build information (always 1)", ("version",)),
@@ -76,6 +84,13 @@ FAMILIES: dict[str, tuple[str, tuple[str, ...]]] = {
     "gpu_tune_gpu_numa_node": ("NUMA node the GPU is attached to (-1 when the firmware gives none)", GPU_LABELS),
     "gpu_tune_gpu_pcie_link_generation": ("PCIe link generation of the GPU", GPU_LABELS + ("kind",)),
     "gpu_tune_gpu_pcie_link_width": ("PCIe link width (lanes) of the GPU", GPU_LABELS + ("kind",)),
+    "gpu_tune_tuning_gain_ratio": ("Tuned / untuned ratio of the measure in the probe's regime, measured by "
+                                   "gpu-tune gain at the agent's start (images_per_second: above 1 is a gain; "
+                                   "jitter_p99_over_p50: below 1 is a gain)", ("gpu", "regime", "measure")),
+    "gpu_tune_tuning_gain_ratio_lower": ("Lower bound of the 95% interval of gpu_tune_tuning_gain_ratio",
+                                         ("gpu", "regime", "measure")),
+    "gpu_tune_tuning_gain_ratio_upper": ("Upper bound of the 95% interval of gpu_tune_tuning_gain_ratio",
+                                         ("gpu", "regime", "measure")),
     "gpu_tune_collector_success": ("1 when the stage succeeded in its latest run, else 0 "
                                    "(only with serve --metrics-detail)", ("collector",)),
     "gpu_tune_collector_duration_seconds": ("Duration of the stage's latest run (only with serve --metrics-detail)",
@@ -236,6 +251,31 @@ class SnapshotCollector(Collector):
         yield numa
         yield gen
         yield width
+
+        ratio = self._fam("gpu_tune_tuning_gain_ratio")
+        lower = self._fam("gpu_tune_tuning_gain_ratio_lower")
+        upper = self._fam("gpu_tune_tuning_gain_ratio_upper")
+        gain = snap.gain if isinstance(snap.gain, Mapping) else {}
+        regime = str(gain.get("regime") or "launch_bound")
+        for t in gain.get("targets") or []:
+            if not isinstance(t, Mapping):
+                continue
+            for measure in GAIN_MEASURES:
+                m = (t.get("measures") or {}).get(measure) or {}
+                r, ci = _num(m.get("ratio")), m.get("ci95")
+                if r is None or not isinstance(ci, (list, tuple)) or len(ci) != 2:
+                    continue
+                lo, hi = _num(ci[0]), _num(ci[1])
+                if lo is None or hi is None:
+                    continue
+                lv = [str(t.get("gpu", "")), regime, measure]
+                ratio.add_metric(lv, r)
+                lower.add_metric(lv, lo)
+                upper.add_metric(lv, hi)
+        if gain:  # no gain families at all on an agent that does not measure it
+            yield ratio
+            yield lower
+            yield upper
 
         if snap.metrics_detail:
             ok = self._fam("gpu_tune_collector_success")

@@ -279,6 +279,17 @@ class ProbePolicy(_Strict):
         return data
 
 
+class GainPolicy(_Strict):
+    # Measure the profile's gain (``gpu-tune gain``) on the agent's first pass in enforce mode,
+    # before the node is marked ready. Off by default: it costs 2 x pairs probe processes (about a
+    # minute on a GPU node, several on a small CPU host) on every agent start, and reverts the
+    # profile for the untuned runs while it measures.
+    measure_on_start: bool = False
+    pairs: int = Field(3, ge=1, le=50)
+    # Timed seconds of each run's launch-bound window (None: the probe's window).
+    window_seconds: float | None = Field(None, gt=0, le=600)
+
+
 class ReadinessPolicy(_Strict):
     require_compliant: bool = True
     require_probe: bool = True
@@ -300,6 +311,7 @@ class Profile(_Strict):
     limits: LimitsPolicy = Field(default_factory=LimitsPolicy)
     probe: ProbePolicy = Field(default_factory=ProbePolicy)
     readiness: ReadinessPolicy = Field(default_factory=ReadinessPolicy)
+    gain: GainPolicy = Field(default_factory=GainPolicy)
 
     @field_validator("sysctl", mode="before")
     @classmethod

@@ -132,6 +132,9 @@ class Stages:
     # the Node says it has GPUs, its gpu-tune.io/mode label and the condition left by the
     # previous agent.
     read_node: Callable[[], Any] | None = None
+    # ``gain(topology) -> gpu-tune gain document``: measured once per start before the first probe,
+    # in enforce mode, when the profile's ``gain.measure_on_start`` is set (None: never).
+    gain: Callable[[Any], Any] | None = None
 
 
 def default_stages(options: ServeOptions) -> Stages:
@@ -202,18 +205,26 @@ def default_stages(options: ServeOptions) -> Stages:
             log.warning("probe results not saved for `gpu-tune label`: %s", err)
         return verdicts
 
-    def publish(v: Verdict, topology_doc, gpu_docs, driver_version, *, audit=None, probes=None, mode="enforce"):
+    def publish(v: Verdict, topology_doc, gpu_docs, driver_version, *, audit=None, probes=None, mode="enforce",
+                gain=None):
         topo = dict(topology_doc or {})
         topo.setdefault("cuda_driver_version", backend.cuda_driver_version())
         want = desired_node_state(profile=profile.name, ready=v.ready, reason=v.reason(),
                                   message=v.message(), topology=topo, gpus=gpu_docs,
                                   driver_version=driver_version,
                                   taint_when_not_ready=profile.readiness.taint,
-                                  checks=v.checks, audit=audit, probes=probes, mode=mode)
+                                  checks=v.checks, audit=audit, probes=probes, mode=mode, gain=gain)
         return publisher.publish(want)
 
     def revert():
         return engine.revert(engine.make_context(fs, profile, backend))
+
+    def gain(topology):
+        from .gain import measure_gain
+
+        return measure_gain(fs=fs, profile=profile, backend=backend, topology=topology, gpu=None,
+                            pairs=profile.gain.pairs, keep=True, force=False, data=options.probe_data,
+                            window=profile.gain.window_seconds)
 
     def close():
         for thing in (publisher, backend):
@@ -225,7 +236,8 @@ def default_stages(options: ServeOptions) -> Stages:
     interval = options.probe_interval if options.probe_interval is not None else profile.probe.interval_s
     return Stages(node=node, profile=profile, discover=discover, audit=audit, enforce=enforce, gpus=gpus,
                   probe=probe, publish=publish, identity=identity, revert=revert, close=close,
-                  probe_interval=interval, read_node=publisher.read)
+                  probe_interval=interval, read_node=publisher.read,
+                  gain=gain if options.mode == "enforce" and profile.gain.measure_on_start else None)
 
 
 @dataclass
@@ -285,6 +297,11 @@ class Agent:
         self._node_condition_at_start: str | None = None
         self._mode_note: str | None = None
         self._revert: dict[str, Any] | None = None
+        # The gain measurement (once per start, enforce mode): it switches the host between
+        # untuned and tuned, so the loop does not re-apply drift while it holds this lock.
+        self._host_lock = threading.Lock()
+        self._gain_wanted = mode == "enforce" and stages.gain is not None
+        self._gain: dict[str, Any] | None = None
 
     # -- stages -----------------------------------------------------------------------------
     def _run(self, name: str, fn: Callable[[], Any]) -> tuple[Any, CollectorStatus]:
@@ -363,12 +380,27 @@ class Agent:
                 self._note_facts(facts)
         mode = self.effective_mode()
         if mode == "revert":
-            doc, st = self._run("revert", self._do_revert)
-            statuses.append(st)
-            if not st.success:
-                errors["revert"] = st.error
+            if self._host_lock.acquire(blocking=False):
+                try:
+                    doc, st = self._run("revert", self._do_revert)
+                finally:
+                    self._host_lock.release()
+                statuses.append(st)
+                if not st.success:
+                    errors["revert"] = st.error
+            else:
+                log.info("mode revert: waiting for the gain measurement to hand the host back")
         stage = "enforce" if mode == "enforce" else "audit"
-        doc, st = self._run(stage, self._enforce if mode == "enforce" else self.stages.audit)
+        if mode == "enforce" and not self._host_lock.acquire(blocking=False):
+            # the gain measurement holds the host: read only, re-apply after it (it ends tuned)
+            doc, st = self._run(stage, self.stages.audit)
+        elif mode == "enforce":
+            try:
+                doc, st = self._run(stage, self._enforce)
+            finally:
+                self._host_lock.release()
+        else:
+            doc, st = self._run(stage, self.stages.audit)
         if st.success:
             self._audit = as_doc(doc)
         else:
@@ -406,8 +438,10 @@ class Agent:
             wait = self.first_publish_max_wait - (self.monotonic() - (self._started_at or 0.0))
             log.info("first publish waits for the first probe verdict (at most %.0fs more)", max(wait, 0.0))
         else:
+            extra = {"gain": self._gain} if self._gain is not None else {}
             pub, st = self._run("publish", lambda: self.stages.publish(
-                pre, self._topology_doc, self._gpus, driver, audit=self._audit, probes=probes, mode=mode))
+                pre, self._topology_doc, self._gpus, driver, audit=self._audit, probes=probes, mode=mode,
+                **extra))
         statuses.append(st)
         if pub is None and st.success:
             pass
@@ -433,7 +467,7 @@ class Agent:
             node=self.stages.node, profile=self.state.profile, verdict=final, since=self._since, created=now,
             mode=mode, agent_ready=agent_ready, agent_ready_detail=agent_detail, audit=self._audit, topology=self._topology_doc, gpus=self._gpus, probes=probes,
             probe_last_success=dict(probe.last_success), collectors=statuses,
-            metrics_detail=self.metrics_detail,
+            metrics_detail=self.metrics_detail, gain=self._gain,
         )
         self.state.publish(snap)
         return snap
@@ -502,7 +536,19 @@ class Agent:
         return True, f"published; node {'ready' if final.ready else 'not ready'} (when this agent started: {was})"
 
     # -- the probe thread -----------------------------------------------------------------------
+    def measure_gain_once(self) -> None:
+        """The first probe run's prelude: measure the profile's gain (untuned vs tuned) while the
+        node is not yet published ready; a failure is a document with the reason."""
+        self._gain_wanted = False
+        with self._host_lock:
+            doc, st = self._run("gain", lambda: self.stages.gain(self._topology_obj))
+        self._gain = as_doc(doc) if st.success else {"verdict": "error", "error": st.error, "targets": []}
+        if st.success:
+            log.info("tuning gain measured: %s", (self._gain or {}).get("verdict"))
+
     def run_probe_once(self) -> None:
+        if self._gain_wanted and self.stages.gain is not None and self.effective_mode() == "enforce":
+            self.measure_gain_once()
         with self._lock:
             previous = dict(self._probe.raw) or None
             old = self._probe
@@ -609,6 +655,9 @@ def serve(options: ServeOptions, *, stages: Stages | None = None,
     stages = stages or default_stages(options)
     pp = getattr(stages.profile, "probe", None)
     hold = (float(getattr(pp, "timeout_s", 300.0)) * (int(getattr(pp, "retries", 0)) + 1) + 60.0) if pp else 900.0
+    gp = getattr(stages.profile, "gain", None)
+    if stages.gain is not None and options.mode == "enforce" and gp is not None:
+        hold += 2 * int(gp.pairs) * float(getattr(pp, "timeout_s", 300.0))  # the gain runs before the probe
     agent = Agent(stages, mode=options.mode, interval=options.interval,
                   enforce_min_interval=options.enforce_min_interval, jitter=options.jitter,
                   first_publish_max_wait=hold, metrics_detail=options.metrics_detail)

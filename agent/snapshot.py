@@ -58,6 +58,8 @@ class Snapshot:
     probe_last_success: Mapping[str, float] = field(default_factory=dict)
     collectors: tuple[CollectorStatus, ...] = ()
     metrics_detail: bool = False
+    # the latest `gpu-tune gain` document (measured once per start in enforce mode), or None
+    gain: Mapping[str, Any] | None = None
     # pre-rendered bodies
     readiness_body: bytes = b""
     metrics_body: bytes = b""
@@ -65,6 +67,7 @@ class Snapshot:
     topology_body: bytes = b""
     probe_body: bytes = b""
     agent_ready_body: bytes = b""
+    gain_body: bytes = b""
 
     @property
     def readiness_status(self) -> int:
@@ -88,6 +91,7 @@ class Snapshot:
             "probe_body": dumps([dict(p) for p in snap.probes]),
             "agent_ready_body": dumps({"ready": snap.agent_ready, "node": snap.node, "mode": snap.mode,
                                        "detail": snap.agent_ready_detail}),
+            "gain_body": dumps(snap.gain) if snap.gain is not None else b"",
         }
         for k, v in bodies.items():
             object.__setattr__(snap, k, v)

@@ -43,6 +43,7 @@ SETTINGS: dict[str, list[str]] = {
     "bench_agent.py": ["--idle", "20", "--interval", "10"],
     "bench_http.py": ["--duration", "10", "--repeat", "2"],
     "bench_http_limits.py": ["--duration", "5", "--repeat", "3"],
+    "bench_gain.py": ["--pairs", "3"],
 }
 QUICK: dict[str, list[str]] = {
     "bench_audit.py": ["--runs", "7"],
@@ -54,6 +55,7 @@ QUICK: dict[str, list[str]] = {
     "bench_agent.py": ["--idle", "10", "--interval", "5"],
     "bench_http.py": ["--duration", "3", "--repeat", "1"],
     "bench_http_limits.py": ["--duration", "3", "--repeat", "1"],
+    "bench_gain.py": ["--pairs", "3", "--window", "0.5"],
 }
 DEFAULT_TIMEOUT = 420.0  # seconds per benchmark
 HEADLINE = re.compile(r"\b(PASS|FAIL|MISSED|TARGET|targets?|goal)\b")

@@ -141,7 +141,7 @@ def test_fleet_table_and_summary_lines(fleet):
     proc = fleet_cli(kc)
     assert proc.returncode == 1, proc.stderr
     lines = proc.stdout.splitlines()
-    assert lines[0].split() == ["NODE", "STATUS", "SINCE", "PROFILE", "GPUS", "DRIFT", "PROBE", "REASONS"]
+    assert lines[0].split() == ["NODE", "STATUS", "SINCE", "PROFILE", "GPUS", "DRIFT", "PROBE", "GAIN", "REASONS"]
     rows = lines[1:lines.index("")]
     assert len(rows) == sum(e is not None for e in expected.values())
     statuses = [r.split()[1] for r in rows]

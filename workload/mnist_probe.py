@@ -74,6 +74,11 @@ def _args(argv: list[str] | None) -> argparse.Namespace:
     p.add_argument("--window-seconds", type=float, default=None,
                    help="timed seconds per throughput window [default: 2 on a GPU, 1 on a CPU]")
     p.add_argument("--seed", type=int, default=0)
+    p.add_argument("--step-times", action="store_true",
+                   help="launch-bound window: one step per call, each step timed (step_seconds p50/p99)")
+    p.add_argument("--launch-bound-only", action="store_true",
+                   help="only the launch-bound window (no device-bound window, inference or correctness "
+                        "run): what `gpu-tune gain` compares")
     p.add_argument("--infer-seconds", type=float, default=0.15, help="timed seconds per inference batch size")
     p.add_argument("--xla", choices=("auto", "on", "off"), default="auto", help="auto: on for GPUs, off for CPUs")
     p.add_argument("--precision", choices=("auto", "float32", "bfloat16", "float16"), default="auto",
@@ -208,9 +213,12 @@ def run(a: argparse.Namespace) -> dict[str, Any]:
         sampler.reason = "CPU run"
     res["software"]["driver"] = driver
     try:
-        for regime, bs in (("launch_bound", a.batch_size), ("device_bound", device_batch)):
+        windows = [("launch_bound", a.batch_size)] + ([] if a.launch_bound_only else [("device_bound", device_batch)])
+        for regime, bs in windows:
+            steps_timed = a.step_times and regime == "launch_bound"
             try:
-                w = tr.throughput_window(plan, data, batch_size=bs, seconds=window_s, seed=a.seed, lr=a.learning_rate)
+                w = tr.throughput_window(plan, data, batch_size=bs, seconds=window_s, seed=a.seed, lr=a.learning_rate,
+                                         step_times=steps_timed)
             except tr.tf.errors.OpError as exc:
                 if plan.kind != "cpu" or plan.precision == "float32":
                     raise
@@ -221,15 +229,23 @@ def run(a: argparse.Namespace) -> dict[str, Any]:
                     "throughput measured in float32")
                 plan = tr.dataclasses.replace(plan, precision="float32")
                 res["config"]["precision"] = "float32"
-                w = tr.throughput_window(plan, data, batch_size=bs, seconds=window_s, seed=a.seed, lr=a.learning_rate)
+                w = tr.throughput_window(plan, data, batch_size=bs, seconds=window_s, seed=a.seed, lr=a.learning_rate,
+                                         step_times=steps_timed)
             window = w.pop("window")
+            all_steps = w.pop("step_seconds_all", None)
             timings[f"{regime}_compile_seconds"] = round(w["compile_seconds"], 3)
             timings[f"{regime}_window_seconds"] = round(w["seconds"], 3)
             w.update(sampler.window(window) if plan.kind == "gpu" else {"gpu_busy_fraction": None, "gpu_samples": 0})
             res["regimes"][regime] = _round(w)
+            if all_steps is not None:
+                res["regimes"][regime]["step_seconds_all"] = all_steps
         launch = res["regimes"]["launch_bound"]
         res["train_images_per_second"] = round(launch["images_per_second"], 1)
         res["target"] = _target(launch, a.batch_size)
+        if a.launch_bound_only:
+            res["ok"] = True
+            res["gpu_samples"] = sampler.summary()
+            return finish()
 
         t = time.perf_counter()
         res["inference_images_per_second"] = tr.inference_throughput(plan, data, INFER_BATCHES, a.infer_seconds, a.seed)

@@ -392,12 +392,16 @@ def correctness_run(plan: Plan, data: DeviceData, *, steps: int, batch_size: int
 
 
 def throughput_window(plan: Plan, data: DeviceData, *, batch_size: int, seconds: float, seed: int,
-                      lr: float, min_steps: int = 3, call_seconds: float | None = None) -> dict[str, Any]:
+                      lr: float, min_steps: int = 3, call_seconds: float | None = None,
+                      step_times: bool = False) -> dict[str, Any]:
     """Training images/s at ``batch_size`` in a timed window of about ``seconds``.
 
     The first call (tracing, XLA compilation) and one short sizing call are excluded; the window
     then runs whole chunks of steps sized to ``call_seconds`` each (0.1 s on a CPU, 0.25 s on a
     GPU) and reports the monotonic time span it covered, for matching GPU utilization samples.
+
+    ``step_times``: one step per call, each timed to its result (launch, compute and the wait for
+    it), reported as ``step_seconds`` (p50, p99, p99/p50, samples) and ``step_seconds_all``.
     """
     n_train = int(data.x_train.shape[0])
     order = np.random.default_rng(seed + 1).permutation(n_train)
@@ -409,19 +413,38 @@ def throughput_window(plan: Plan, data: DeviceData, *, batch_size: int, seconds:
     trainer.run(2)
     per_step = max((time.perf_counter() - t1) / 2, 1e-6)
     target = call_seconds if call_seconds is not None else (0.25 if plan.kind == "gpu" else 0.1)
-    n = int(max(1, min(2000, target / per_step)))
+    n = 1 if step_times else int(max(1, min(2000, target / per_step)))
     steps = 0
+    times: list[float] = []
     start_m, start = time.monotonic(), time.perf_counter()
     loss = float("nan")
     while steps < min_steps or time.perf_counter() - start < seconds:
-        loss = trainer.run(n)
+        if step_times:
+            t = time.perf_counter()
+            loss = trainer.run(1)
+            times.append(time.perf_counter() - t)
+        else:
+            loss = trainer.run(n)
         steps += n
     elapsed = time.perf_counter() - start
     images = steps * batch_size
-    return {"batch_size": batch_size, "steps": steps, "images": images, "seconds": elapsed,
-            "images_per_second": images / elapsed, "steps_per_second": steps / elapsed,
-            "steps_per_call": n, "compile_seconds": compile_s, "final_loss": loss,
-            "precision": plan.precision, "xla": plan.xla, "window": (start_m, start_m + elapsed)}
+    out = {"batch_size": batch_size, "steps": steps, "images": images, "seconds": elapsed,
+           "images_per_second": images / elapsed, "steps_per_second": steps / elapsed,
+           "steps_per_call": n, "compile_seconds": compile_s, "final_loss": loss,
+           "precision": plan.precision, "xla": plan.xla, "window": (start_m, start_m + elapsed)}
+    if step_times:
+        out["step_seconds"] = step_time_summary(times)
+        out["step_seconds_all"] = [round(x, 7) for x in times]
+    return out
+
+
+def step_time_summary(times: list[float]) -> dict[str, Any]:
+    """p50 and p99 of step times (linear interpolation between order statistics) and their ratio,
+    the jitter figure: 1.0 for perfectly even steps."""
+    arr = np.asarray(times, np.float64)
+    p50, p99 = (float(np.percentile(arr, q)) for q in (50, 99))
+    return {"samples": int(arr.size), "p50": round(p50, 7), "p99": round(p99, 7),
+            "p99_over_p50": round(p99 / p50, 4) if p50 > 0 else None}
 
 
 def inference_throughput(plan: Plan, data: DeviceData, batch_sizes: Iterable[int], seconds: float,

@@ -1,0 +1,45 @@
+"""A stand-in for the probe workload in `gpu-tune gain` machinery tests (the real one is in the slow
+test): it reports what the process saw, so a test can check which side ran where.
+
+Reads ``GAIN_TEST_ROOT``/proc/sys/vm/swappiness (the fixture host's value at the moment it runs),
+appends one JSON line per run to ``GAIN_TEST_LOG`` (side seen, CPU affinity, LD_PRELOAD), sleeps
+``GAIN_TEST_SLEEP`` seconds, and reports images/s ``GAIN_TEST_TUNED_IPS`` when the host reads
+tuned (swappiness 0) else ``GAIN_TEST_UNTUNED_IPS``, each with a small per-run wobble.
+"""
+
+import json
+import os
+import sys
+import time
+
+
+def main() -> int:
+    root = os.environ["GAIN_TEST_ROOT"]
+    with open(os.path.join(root, "proc/sys/vm/swappiness"), encoding="ascii") as fh:
+        swappiness = fh.read().strip()
+    tuned = swappiness == "0"
+    n = 0
+    log = os.environ.get("GAIN_TEST_LOG")
+    if log:
+        if os.path.exists(log):
+            with open(log, encoding="utf-8") as fh:
+                n = sum(1 for _ in fh)
+        with open(log, "a", encoding="utf-8") as fh:
+            fh.write(json.dumps({"swappiness": swappiness, "affinity": sorted(os.sched_getaffinity(0)),
+                                 "ld_preload": os.environ.get("LD_PRELOAD", ""), "argv": sys.argv[1:]}) + "\n")
+    time.sleep(float(os.environ.get("GAIN_TEST_SLEEP", "0")))
+    ips = float(os.environ["GAIN_TEST_TUNED_IPS" if tuned else "GAIN_TEST_UNTUNED_IPS"])
+    ips *= 1 + 0.004 * ((n * 7) % 5 - 2)  # a deterministic wobble of at most 0.8 %
+    p50 = 256 / ips
+    doc = {"ok": True, "regimes": {"launch_bound": {
+        "images_per_second": ips, "steps": 100,
+        "step_seconds": {"samples": 100, "p50": p50, "p99": p50 * 1.2, "p99_over_p50": 1.2}}},
+        "host": {"cpu_affinity": ",".join(map(str, sorted(os.sched_getaffinity(0)))), "mems_allowed": "0",
+                 "jemalloc_mapped": "jemalloc" in os.environ.get("LD_PRELOAD", ""),
+                 "ld_preload": os.environ.get("LD_PRELOAD", "")}}
+    print(json.dumps(doc))
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
