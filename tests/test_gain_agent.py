@@ -51,9 +51,9 @@ class GainWorld(World):
         self.order.append("probe")
         return super().probe(topology, previous)
 
-    def publish(self, verdict, topology, gpus, driver, *, audit=None, probes=None, mode="enforce", gain=None):
+    def publish(self, verdict, topology, gpus, driver, *, gain=None, **kw):
         self.published_gain.append(gain)
-        return super().publish(verdict, topology, gpus, driver, audit=audit, probes=probes, mode=mode)
+        return super().publish(verdict, topology, gpus, driver, **kw)
 
     def stages(self, probe_interval: float = 0):
         s = super().stages(probe_interval)
@@ -189,8 +189,9 @@ def test_fleet_gain_column_and_median_per_model():
     rep = fleet_report(nodes, now=now)
     text = render_table(rep)
     rows = {ln.split()[0]: ln for ln in text.splitlines() if ln and ln.split()[0] in "abcde"}
-    assert rows["a"].split()[8] == "+5%" and rows["b"].split()[8] == "~0%"
-    assert "LOSS -8%" in rows["c"] and rows["d"].split()[8] == "-" and rows["e"].split()[8] == "?"
+    gi = text.splitlines()[0].split().index("GAIN") + 1  # GPUS takes two words: "8x <model>"
+    assert rows["a"].split()[gi] == "+5%" and rows["b"].split()[gi] == "~0%"
+    assert "LOSS -8%" in rows["c"] and rows["d"].split()[gi] == "-" and rows["e"].split()[gi] == "?"
     assert ("NVIDIA-H100-80GB-HBM3: 4 nodes: 4 ready, 0 not ready, 0 not reporting; median tuning gain +1.0% "
             "over 3 nodes; LOSS on 1 node") in text
     assert "NVIDIA-L4: 1 node: 1 ready, 0 not ready, 0 not reporting" in text.splitlines()
