@@ -283,6 +283,14 @@ def _console():
 
 
 # -- commands -----------------------------------------------------------------------------------
+def _check_gpu_and_data(gpu: Optional[str], data: Optional[str]) -> None:
+    """The probe's and the gain's --gpu and --data, checked before anything runs."""
+    if gpu is not None and gpu != "all" and not gpu.isdigit():
+        raise InputError(f"--gpu {gpu!r}: expected a GPU index or 'all'")
+    if data is not None and not os.path.exists(data):
+        raise InputError(f"--data {data}: no such file or folder")
+
+
 @command("profiles", help="List the profiles with their summaries.")
 def profiles_cmd(g: Globals) -> int:
     from .policy import load_all
@@ -402,10 +410,7 @@ def probe_cmd(
     from . import probe as probe_mod
     from .topology import discover
 
-    if gpu is not None and gpu != "all" and not gpu.isdigit():
-        raise InputError(f"--gpu {gpu!r}: expected a GPU index or 'all'")
-    if data is not None and not os.path.exists(data):
-        raise InputError(f"--data {data}: no such file or folder")
+    _check_gpu_and_data(gpu, data)
     prof = _profile(g, profile)
     fs = _fs(g)
     backend = _gpu(g)
@@ -448,14 +453,11 @@ def gain_cmd(
     from . import gain as gain_mod
     from .topology import discover
 
-    if gpu is not None and gpu != "all" and not gpu.isdigit():
-        raise InputError(f"--gpu {gpu!r}: expected a GPU index or 'all'")
+    _check_gpu_and_data(gpu, data)
     if not 1 <= pairs <= gain_mod.MAX_PAIRS:
         raise InputError(f"--pairs {pairs}: expected 1..{gain_mod.MAX_PAIRS}")
     if window is not None and not 0 < window <= 600:
         raise InputError(f"--window {window}: expected 0 < S <= 600")
-    if data is not None and not os.path.exists(data):
-        raise InputError(f"--data {data}: no such file or folder")
     prof = _profile(g, profile)
     fs = _fs(g)
     backend = _gpu(g)
