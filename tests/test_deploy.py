@@ -153,11 +153,12 @@ def check_operator_object(doc: dict) -> list[str]:
     return errs
 
 
-@pytest.mark.parametrize("kdir", KUSTOMIZATIONS)
-def test_rendered_objects_are_valid(kdir):
+def validate(docs: list[dict]) -> list[str]:
+    """Each object against the Kubernetes schema (operator kinds against their own checks): one
+    line per problem, naming the object and the field."""
     kv = kubernetes_validate()
     problems = []
-    for doc in render(kdir):
+    for doc in docs:
         name = f"{doc['kind']}/{doc['metadata']['name']}"
         if (doc["apiVersion"], doc["kind"]) in OPERATOR_KINDS:
             problems += [f"{name}: {e}" for e in check_operator_object(doc)]
@@ -166,6 +167,12 @@ def test_rendered_objects_are_valid(kdir):
             kv.validate(doc, K8S_VERSION, strict=True)
         except kv.ValidationError as exc:
             problems.append(f"{name}: {'.'.join(map(str, exc.path))}: {exc.message}")
+    return problems
+
+
+@pytest.mark.parametrize("kdir", KUSTOMIZATIONS)
+def test_rendered_objects_are_valid(kdir):
+    problems = validate(render(kdir))
     assert not problems, "\n".join(problems)
 
 

@@ -22,8 +22,7 @@ import pytest
 import yaml
 
 from tests.helmbin import HelmMissing, helm_binary
-from tests.test_deploy import (K8S_VERSION, OPERATOR_KINDS, check_operator_object, kubernetes_validate,
-                               parse_container_cli, render, schedules_on)
+from tests.test_deploy import parse_container_cli, render, schedules_on, validate
 
 REPO = Path(__file__).resolve().parent.parent
 CHART = REPO / "charts" / "gpu-tune"
@@ -100,21 +99,6 @@ def test_helm_lint_strict(helm, values):
     proc = run([helm, "lint", "--strict", str(CHART), *values_args(values)])
     assert proc.returncode == 0, proc.stdout + proc.stderr
     assert "0 chart(s) failed" in proc.stdout
-
-
-def validate(docs: list[dict]) -> list[str]:
-    kv = kubernetes_validate()
-    problems = []
-    for doc in docs:
-        name = f"{doc['kind']}/{doc['metadata']['name']}"
-        if (doc["apiVersion"], doc["kind"]) in OPERATOR_KINDS:
-            problems += [f"{name}: {e}" for e in check_operator_object(doc)]
-            continue
-        try:
-            kv.validate(doc, K8S_VERSION, strict=True)
-        except kv.ValidationError as exc:
-            problems.append(f"{name}: {'.'.join(map(str, exc.path))}: {exc.message}")
-    return problems
 
 
 @pytest.mark.parametrize("values", VALUES_FILES, ids=_values_id)
