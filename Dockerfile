@@ -98,13 +98,12 @@ RUN set -e; mkdir -p /out; \
 FROM deps AS agent
 WORKDIR /src
 COPY pyproject.toml README.md ./
-COPY agent/ agent/
-COPY workload/ workload/
+COPY gpu_tune/ gpu_tune/
 COPY policies/ policies/
 RUN pip wheel -q --no-deps --no-build-isolation --no-index -w /wheel /src \
  && pip install -q --no-deps --no-index --no-compile --prefix /agent/opt/venv /wheel/*.whl \
  && SP=/agent/opt/venv/lib/python3.11/site-packages \
- && test -f "$SP/agent/cli.py" -a -x /agent/opt/venv/bin/gpu-tune \
+ && test -f "$SP/gpu_tune/cli/app.py" -a -x /agent/opt/venv/bin/gpu-tune \
  && python -m compileall -q --invalidation-mode unchecked-hash -s /agent -p / "$SP"
 
 # ---- runtime ---------------------------------------------------------------------------------

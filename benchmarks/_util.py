@@ -22,7 +22,7 @@ def build_host(scenario: str) -> Path:
 
 def gpu_tune_argv() -> list[str]:
     exe = Path(sys.executable).with_name("gpu-tune")
-    return [str(exe)] if exe.exists() else [sys.executable, "-m", "agent.cli"]
+    return [str(exe)] if exe.exists() else [sys.executable, "-m", "gpu_tune"]
 
 
 def time_process(argv: list[str], runs: int = 15, warmup: int = 2, ok_codes=(0, 1),

@@ -68,7 +68,7 @@ def measure(a, kube: bool) -> dict:
         where = ["--kubeconfig", str(write_kubeconfig(tmp / "kubeconfig", api.url))]
     else:
         where = ["--no-kube"]
-    argv = [str(exe) if exe.exists() else sys.executable, *([] if exe.exists() else ["-m", "agent.cli"]),
+    argv = [str(exe) if exe.exists() else sys.executable, *([] if exe.exists() else ["-m", "gpu_tune"]),
             "--root", str(root), "--gpu-backend", "none", "serve", "--host", "127.0.0.1", "--port", str(port),
             *where, "--mode", "enforce", "--probe-device", "cpu", "--interval", f"{a.interval:g}",
             "--node", "bench-node"]

@@ -46,10 +46,10 @@ def main() -> int:
             runs[k] += time_process(v, runs=1, warmup=0 if runs[k] else 2, cpu=cpu[k])
 
     sys.path.insert(0, str(REPO))
-    from agent.engine import audit, make_context
-    from agent.gpu import select_backend
-    from agent.hostfs import HostFS
-    from agent.policy import load_profile
+    from gpu_tune.tune.engine import audit, make_context
+    from gpu_tune.gpu import select_backend
+    from gpu_tune.host.fs import HostFS
+    from gpu_tune.tune.policy import load_profile
 
     prof = load_profile("training")
     fs = HostFS(big)

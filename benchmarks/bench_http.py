@@ -45,13 +45,13 @@ def free_port() -> int:
 # -- the servers (run as child processes of this script) ---------------------------------------
 def serve_agent(port: int, guarded: bool = True) -> None:
     """The agent's app over the fixture node, served as ``gpu-tune serve`` serves it
-    (``agent/httpserver.py``), or (``guarded=False``) by uvicorn's plain httptools protocol."""
+    (``gpu_tune/serve/httpserver.py``), or (``guarded=False``) by uvicorn's plain httptools protocol."""
     sys.path.insert(0, str(REPO))
     import uvicorn
 
-    from agent import httpserver
-    from agent.app import create_app
-    from agent.service import Agent, ServeOptions, _ProbeState, default_stages
+    from gpu_tune.serve import httpserver
+    from gpu_tune.serve.app import create_app
+    from gpu_tune.serve.agent import Agent, ServeOptions, _ProbeState, default_stages
     from tests.fixtures import hostgen
 
     tmp = Path(tempfile.mkdtemp(prefix="bench-host-"))

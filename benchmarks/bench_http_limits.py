@@ -4,7 +4,7 @@
     .venv/bin/python benchmarks/bench_http_limits.py [--duration 5] [--repeat 2] [--json]
 
 Starts, each in its own process on 127.0.0.1 with a 1,024-descriptor limit (a common container
-default): the agent's API as ``gpu-tune serve`` serves it (``agent/httpserver.py``), the same app
+default): the agent's API as ``gpu-tune serve`` serves it (``gpu_tune/serve/httpserver.py``), the same app
 under uvicorn's plain httptools protocol (how it was served before the bounds), and a bare
 FastAPI handler returning fixed bytes under uvicorn's defaults. Then:
 

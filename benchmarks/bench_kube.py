@@ -20,8 +20,8 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
-from agent.kube import make_publisher  # noqa: E402
-from agent.labels import desired_node_state  # noqa: E402
+from gpu_tune.cluster.publisher import make_publisher  # noqa: E402
+from gpu_tune.cluster.labels import desired_node_state  # noqa: E402
 from tests.kubeapi import KubeAPIServer, write_kubeconfig  # noqa: E402
 
 

@@ -26,7 +26,7 @@ from pathlib import Path
 REPO = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO))
 
-from agent.metrics import render_metrics  # noqa: E402
+from gpu_tune.serve.metrics import render_metrics  # noqa: E402
 from tests.fixtures.probes import count_series, probed_pass  # noqa: E402
 
 BUDGET = 150

@@ -7,7 +7,7 @@ probe's training loop against the field notes' ``model.compile()`` + ``model.fit
 1. ``--runs`` probes on an idle machine and ``--busy-runs`` with every CPU busy (one
    ``while 1: pass`` per CPU): accuracy, fingerprint and verdict of each, time-to-verdict and
    where its seconds went, both regimes (images/s and, on a GPU, the GPU busy fraction).
-2. ``python -m workload.compare``: the probe's launch-bound loop against the field notes' Keras
+2. ``python -m gpu_tune.workload.compare``: the probe's launch-bound loop against the field notes' Keras
    code as they wrote it (default ``compile()``), same batch (256), same data, alternating, in one
    run; plus the probe's loop with XLA switched the other way.
 
@@ -31,8 +31,8 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
-from agent import probe  # noqa: E402
-from agent.policy import ProbePolicy  # noqa: E402
+from gpu_tune.judge import probe  # noqa: E402
+from gpu_tune.tune.policy import ProbePolicy  # noqa: E402
 
 TIMING_KEYS = ("process_start_seconds", "data_load_seconds", "tensorflow_import_seconds", "device_setup_seconds",
                "launch_bound_compile_seconds", "launch_bound_window_seconds", "device_bound_compile_seconds",
@@ -123,7 +123,7 @@ def main() -> int:
                 ok &= med >= 0.9
         print(line)
 
-    cmd = [sys.executable, "-m", "workload.compare", "--device", a.device, "--repeats", str(a.repeats),
+    cmd = [sys.executable, "-m", "gpu_tune.workload.compare", "--device", a.device, "--repeats", str(a.repeats),
            "--seconds", str(a.seconds), "--batch-size", str(policy.batch_size)]
     if a.data:
         cmd += ["--data", a.data]

@@ -28,7 +28,8 @@ def _run(tree: Path, args: list[str]) -> tuple[float, float]:
     env = {**os.environ, "PYTHONPATH": str(tree)}
     r0 = resource.getrusage(resource.RUSAGE_CHILDREN)
     t0 = time.perf_counter()
-    p = subprocess.run([sys.executable, "-m", "agent.cli", *args], cwd=tree, env=env,
+    module = "gpu_tune" if (tree / "gpu_tune").is_dir() else "agent.cli"  # revisions before the package's move
+    p = subprocess.run([sys.executable, "-m", module, *args], cwd=tree, env=env,
                        stdout=subprocess.DEVNULL, stderr=subprocess.PIPE)
     wall = time.perf_counter() - t0
     r1 = resource.getrusage(resource.RUSAGE_CHILDREN)
@@ -64,10 +65,10 @@ def main() -> int:
                 cpu[k].append(c)
 
     sys.path.insert(0, str(REPO))
-    from agent.engine import audit, make_context
-    from agent.gpu import select_backend
-    from agent.hostfs import HostFS
-    from agent.policy import load_profile
+    from gpu_tune.tune.engine import audit, make_context
+    from gpu_tune.gpu import select_backend
+    from gpu_tune.host.fs import HostFS
+    from gpu_tune.tune.policy import load_profile
 
     prof = load_profile("training")
     backend = select_backend("fixture", str(fixture))

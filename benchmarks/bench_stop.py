@@ -54,7 +54,7 @@ def one(root: Path, into: float, tag: str) -> tuple[float, int, list[int]]:
         port = s.getsockname()[1]
     env = {k: v for k, v in os.environ.items() if not k.startswith("GPU_TUNE_") and k != "KUBECONFIG"}
     env.update(PYTHONPATH=str(REPO), **{MARK: tag})
-    proc = subprocess.Popen([sys.executable, "-m", "agent.cli", "--root", str(root), "--gpu-backend", "none", "serve",
+    proc = subprocess.Popen([sys.executable, "-m", "gpu_tune", "--root", str(root), "--gpu-backend", "none", "serve",
                              "--no-kube", "--host", "127.0.0.1", "--port", str(port), "--probe-device", "cpu"],
                             cwd=REPO, env=env, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
     try:

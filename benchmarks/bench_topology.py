@@ -22,12 +22,12 @@ from pathlib import Path
 REPO = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO))
 
-from agent.gpu import select_backend  # noqa: E402
-from agent.hostfs import HostFS  # noqa: E402
-from agent.knobs.base import Context  # noqa: E402
-from agent.knobs.irq_affinity import IrqAffinityKnob  # noqa: E402
-from agent.policy import load_profile  # noqa: E402
-from agent.topology import discover  # noqa: E402
+from gpu_tune.gpu import select_backend  # noqa: E402
+from gpu_tune.host.fs import HostFS  # noqa: E402
+from gpu_tune.tune.knobs.base import Context  # noqa: E402
+from gpu_tune.tune.knobs.irq_affinity import IrqAffinityKnob  # noqa: E402
+from gpu_tune.tune.policy import load_profile  # noqa: E402
+from gpu_tune.discover.topology import discover  # noqa: E402
 from tests.fixtures import hostgen, pcigen  # noqa: E402
 
 GPU_JSON = pcigen.GPU_JSON_DIR / "dgx-8gpu.json"
@@ -45,7 +45,7 @@ def median_s(fn, runs: int) -> float:
 
 def gpu_tune() -> list[str]:
     exe = Path(sys.executable).parent / "gpu-tune"
-    return [str(exe)] if exe.exists() else [sys.executable, "-m", "agent.cli"]
+    return [str(exe)] if exe.exists() else [sys.executable, "-m", "gpu_tune"]
 
 
 def main() -> int:

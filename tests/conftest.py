@@ -65,7 +65,7 @@ def run_cli(*args: str, env: dict | None = None, timeout: float = 120, input: st
     full_env.setdefault("COLUMNS", "200")
     if env:
         full_env.update(env)
-    return subprocess.run([sys.executable, "-m", "agent.cli", *args], capture_output=True, text=True,
+    return subprocess.run([sys.executable, "-m", "gpu_tune", *args], capture_output=True, text=True,
                           env=full_env, timeout=timeout, input=input)
 
 

@@ -309,7 +309,7 @@ def enforce(api, policy: Policy, token_node: str) -> list[list[str]]:
 
 
 def test_the_agent_passes_the_policy_on_its_own_node(api, tmp_path, policy):
-    from agent.kube import make_publisher
+    from gpu_tune.cluster.publisher import make_publisher
     from tests.kubeapi import write_kubeconfig
     from tests.test_kube import FAST, _want
 
@@ -328,7 +328,7 @@ def test_the_agent_passes_the_policy_on_its_own_node(api, tmp_path, policy):
 
 
 def test_an_agent_writing_another_node_is_refused_with_the_policy_message(api, tmp_path, policy):
-    from agent.kube import make_publisher
+    from gpu_tune.cluster.publisher import make_publisher
     from tests.kubeapi import write_kubeconfig
     from tests.test_kube import FAST, _want
 

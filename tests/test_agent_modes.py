@@ -15,11 +15,11 @@ from pathlib import Path
 import pytest
 from fastapi.testclient import TestClient
 
-from agent.app import create_app
-from agent.hostfs import HostFS
-from agent.labels import CONDITION_TYPE, PREFIX, TAINT_EFFECT, TAINT_KEY
-from agent.service import Agent, ServeOptions, default_stages
-from agent.state import save_probe_results
+from gpu_tune.serve.app import create_app
+from gpu_tune.host.fs import HostFS
+from gpu_tune.cluster.labels import CONDITION_TYPE, PREFIX, TAINT_EFFECT, TAINT_KEY
+from gpu_tune.serve.agent import Agent, ServeOptions, default_stages
+from gpu_tune.judge.probe.saved import save_probe_results
 from tests.fixtures import hostgen
 from tests.fixtures.probes import probe_result, probe_verdict
 from tests.kubeapi import KubeAPIServer, write_kubeconfig
@@ -163,7 +163,7 @@ def test_second_start_on_a_steady_node_makes_zero_writes(api, kubeconfig, host):
     assert settle(second).verdict.ready
     second.run_pass()
     assert api.total_writes() == 0, api.bodies
-    from agent import __version__
+    from gpu_tune import __version__
 
     assert set(api.user_agents) == {f"gpu-tune/{__version__}"}  # not the client generator's
     assert second.state.snapshot.probes[0]["result"]["regimes"]["launch_bound"]["images_per_second"] == 15000.0

@@ -7,8 +7,8 @@ import json
 import pytest
 from fastapi.testclient import TestClient
 
-from agent.app import PROM_CONTENT_TYPE, create_app
-from agent.snapshot import AgentState
+from gpu_tune.serve.app import PROM_CONTENT_TYPE, create_app
+from gpu_tune.serve.snapshot import AgentState
 
 from .test_metrics import snapshot
 
@@ -67,8 +67,8 @@ def test_snapshot_served_as_is(served):
 
 
 def test_ready_is_200():
-    from agent.snapshot import Snapshot
-    from agent.readiness import Check, Verdict
+    from gpu_tune.serve.snapshot import Snapshot
+    from gpu_tune.judge.readiness import Check, Verdict
 
     state = AgentState("n", "inference", interval=10)
     state.publish(Snapshot.build(node="n", profile="inference", verdict=Verdict(True, (Check("x", True, "fine"),)),

@@ -11,12 +11,13 @@ import time
 
 import pytest
 
-from agent import cli, engine
-from agent.errors import HostError
-from agent.hostfs import HostFS
-from agent.journal import JOURNAL, Journal
-from agent.knobs.base import Context, encode_raw
-from agent.policy import load_profile
+from gpu_tune.cli import app as cli
+from gpu_tune.tune import engine
+from gpu_tune.errors import HostError
+from gpu_tune.host.fs import HostFS
+from gpu_tune.tune.journal import JOURNAL, Journal
+from gpu_tune.tune.knobs.base import Context, encode_raw
+from gpu_tune.tune.policy import load_profile
 from tests.conftest import snapshot_tree
 
 

@@ -11,12 +11,12 @@ from typing import Callable
 
 import pytest
 
-from agent import engine
-from agent.gpu import select_backend
-from agent.hostfs import HostFS
-from agent.journal import Journal
-from agent.knobs.base import Context
-from agent.policy import load_profile
+from gpu_tune.tune import engine
+from gpu_tune.gpu import select_backend
+from gpu_tune.host.fs import HostFS
+from gpu_tune.tune.journal import Journal
+from gpu_tune.tune.knobs.base import Context
+from gpu_tune.tune.policy import load_profile
 from tests.conftest import jdoc, snapshot_tree
 
 

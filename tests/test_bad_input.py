@@ -20,9 +20,9 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from agent.cli import main
-from agent.errors import InputError
-from agent.parse import MAX_CPU, ParseError, parse_cpulist, parse_cpumask
+from gpu_tune.cli.app import main
+from gpu_tune.errors import InputError
+from gpu_tune.host.parse import MAX_CPU, ParseError, parse_cpulist, parse_cpumask
 from tests.conftest import GPU_FIXTURES, REPO, run_cli
 
 POLICIES = REPO / "policies"
@@ -300,7 +300,7 @@ def _run_in(cwd: Path, argv: list[str], env: dict | None):
 
     full = {k: v for k, v in os.environ.items() if not k.startswith("GPU_TUNE_")}
     full.update({"PYTHONPATH": str(REPO), **(env or {})})
-    return subprocess.run([sys.executable, "-m", "agent.cli", *argv], capture_output=True, text=True,
+    return subprocess.run([sys.executable, "-m", "gpu_tune", *argv], capture_output=True, text=True,
                           env=full, cwd=cwd, timeout=120)
 
 
@@ -340,7 +340,7 @@ def test_a_root_or_policy_dir_that_cannot_be_read(world, tmp_path):
         env = {k: v for k, v in os.environ.items() if not k.startswith("GPU_TUNE_")}
         for args, where in ((["--root", str(locked)], str(locked)),
                             (["--root", str(world.root), "--policy-dir", str(world.pol)], str(world.pol))):
-            cmd = [*prefix, sys.executable, "-m", "agent.cli", "audit", *args, "--gpu-backend", "none"]
+            cmd = [*prefix, sys.executable, "-m", "gpu_tune", "audit", *args, "--gpu-backend", "none"]
             p = subprocess.run(cmd, capture_output=True, text=True, env={**env, "PYTHONPATH": str(REPO)}, timeout=120)
             assert_bad_input(p.returncode, p.stderr, where, "Permission denied")
     finally:
@@ -454,7 +454,7 @@ _mutations = st.lists(st.tuples(st.sampled_from(_PROFILE_KEYS), _value), min_siz
 @settings(FUZZ, max_examples=150)
 @given(_mutations)
 def test_fuzz_mutated_profiles_load_or_are_one_line_of_bad_input(tmp_path_factory, mutations):
-    from agent.policy import load_profile
+    from gpu_tune.tune.policy import load_profile
 
     d = tmp_path_factory.mktemp("pol")
     shutil.copy(POLICIES / "_base.yaml", d)
@@ -486,7 +486,7 @@ _GPU_KEYS = ["index", "uuid", "pci_bus_id", "memory_total_mib", "memory_used_mib
 @settings(FUZZ, max_examples=150)
 @given(st.lists(st.tuples(st.sampled_from(_GPU_KEYS), _value), min_size=1, max_size=3))
 def test_fuzz_mutated_gpu_fixtures_load_or_are_bad_input(tmp_path_factory, mutations):
-    from agent.gpu.fixture import FixtureBackend
+    from gpu_tune.gpu.fixture import FixtureBackend
 
     doc = json.loads((GPU_FIXTURES / "dgx-8gpu.json").read_text())
     for key, value in mutations:

@@ -5,11 +5,11 @@ from __future__ import annotations
 
 import pytest
 
-from agent.engine import apply, audit, make_context, plan, revert
-from agent.errors import InputError
-from agent.hostfs import HostFS
-from agent.knobs.base import Context
-from agent.policy import UNLIMITED, Bound, load_profile, parse_size
+from gpu_tune.tune.engine import apply, audit, make_context, plan, revert
+from gpu_tune.errors import InputError
+from gpu_tune.host.fs import HostFS
+from gpu_tune.tune.knobs.base import Context
+from gpu_tune.tune.policy import UNLIMITED, Bound, load_profile, parse_size
 from tests.conftest import snapshot_tree
 
 
@@ -62,7 +62,7 @@ def test_audit_keeps_a_higher_value_and_apply_never_lowers_it(make_host, tmp_pat
     row = _rows(rep)[("sysctl.vm.max_map_count", "host")]
     assert row.status == "ok" and row.changed is False
     assert (root / "proc/sys/vm/max_map_count").read_text() == "8249672\n"
-    from agent.journal import Journal
+    from gpu_tune.tune.journal import Journal
 
     assert "sysctl.vm.max_map_count" not in {e["id"] for e in Journal(HostFS(root)).load().entries}
 
@@ -116,7 +116,7 @@ def test_the_table_shows_a_satisfied_bound_without_an_arrow(make_host, cli):
 
 
 def test_readiness_names_a_bound_as_wanted():
-    from agent.readiness import tuning_check
+    from gpu_tune.judge.readiness import tuning_check
 
     doc = {"profile": "t", "settings": [{"id": "sysctl.vm.max_map_count", "target": "host", "current": "65530",
                                          "desired": "≥ 1048576", "status": "drift", "detail": ""}]}

@@ -135,7 +135,7 @@ def test_sigkill_in_the_middle_of_apply_loses_no_original(make_host):
     root = make_host("two-socket-224")
     before = snapshot_tree(root)
     env = {**os.environ, "PYTHONPATH": str(REPO), "GPU_TUNE_FAILPOINT_WRITE_DELAY": "0.02"}
-    proc = subprocess.Popen([sys.executable, "-m", "agent.cli", "apply", "--root", str(root), *BASE],
+    proc = subprocess.Popen([sys.executable, "-m", "gpu_tune", "apply", "--root", str(root), *BASE],
                             env=env, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE)
     govs = [root / f"sys/devices/system/cpu/cpu{i}/cpufreq/scaling_governor" for i in range(224)]
     deadline = time.monotonic() + 60
@@ -168,7 +168,7 @@ def test_profiles_command(tmp_path):
 
 def test_audit_imports_stay_light(make_host):
     root = make_host("small-2cpu")
-    code = ("import sys; from agent.cli import main\n"
+    code = ("import sys; from gpu_tune.cli.app import main\n"
             "try:\n    main(['audit', '--root', %r, '--gpu-backend', 'none', '-o', 'json'])\n"
             "except SystemExit: pass\n"
             "heavy = [m for m in ('kubernetes', 'fastapi', 'tensorflow', 'uvicorn', 'prometheus_client') if m in sys.modules]\n"

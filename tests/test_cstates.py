@@ -8,12 +8,12 @@ import base64
 
 import pytest
 
-from agent.engine import apply, audit, make_context, revert
-from agent.hostfs import HostFS
-from agent.journal import Journal
-from agent.knobs.base import Context
-from agent.knobs.cpu_cstates import CpuCstatesKnob
-from agent.policy import Profile, load_profile
+from gpu_tune.tune.engine import apply, audit, make_context, revert
+from gpu_tune.host.fs import HostFS
+from gpu_tune.tune.journal import Journal
+from gpu_tune.tune.knobs.base import Context
+from gpu_tune.tune.knobs.cpu_cstates import CpuCstatesKnob
+from gpu_tune.tune.policy import Profile, load_profile
 from tests.conftest import snapshot_tree
 
 CPU = "sys/devices/system/cpu"
@@ -186,7 +186,7 @@ def test_reads_only_what_it_needs(make_host, monkeypatch):
     ("cpu:\n  cstates: 10\n", "cpu.cstates"),
 ])
 def test_bad_budget_is_input_error(tmp_path, body, needle):
-    from agent.errors import InputError
+    from gpu_tune.errors import InputError
 
     (tmp_path / "p.yaml").write_text("name: p\n" + body)
     with pytest.raises(InputError) as ei:

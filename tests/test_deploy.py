@@ -231,7 +231,7 @@ def test_every_call_of_the_agent_is_granted_and_every_grant_is_used(api, tmp_pat
     """The agent's publisher over real HTTP through readiness transitions, a conflict and a
     heartbeat: the (group, resource, verb) of each call it makes is exactly what the rendered RBAC
     grants, Events in the Role's namespace."""
-    from agent.kube import make_publisher
+    from gpu_tune.cluster.publisher import make_publisher
     from tests.kubeapi import write_kubeconfig
     from tests.test_kube import FAST, _want
 
@@ -491,7 +491,7 @@ def parse_cli(argv: list[str], env: dict[str, str] | None = None) -> dict:
     """Run ``gpu-tune ARGV`` through the program's own parser (no command is executed)."""
     import typer
 
-    from agent.cli import app
+    from gpu_tune.cli.app import app
 
     cmd = typer.main.get_command(app)
     saved = {k: os.environ.get(k) for k in (env or {})}
@@ -716,5 +716,5 @@ def test_dockerfile_bakes_in_mnist_jemalloc_numactl():
     assert "--require-hashes --no-deps -r /tmp/requirements.lock" in text
     assert re.search(r"^tensorflow\[and-cuda\]==\d", (REPO / "requirements" / "gpu.in").read_text(), re.M)
     ignored = (REPO / ".dockerignore").read_text().split()
-    assert "*" in ignored and "!agent/" in ignored and "!workload/" in ignored and "!policies/" in ignored
+    assert "*" in ignored and "!gpu_tune/" in ignored and "!policies/" in ignored
     assert "!requirements/*.lock" in ignored and "!data/" in ignored

@@ -22,11 +22,11 @@ from typing import Any, Callable
 
 import pytest
 
-from agent import engine
-from agent.hostfs import HostFS
-from agent.labels import ANNOTATION_OWNED, ANNOTATION_TOPOLOGY, CONDITION_TYPE, PREFIX, TAINT_EFFECT, TAINT_KEY
-from agent.policy import load_profile
-from agent.state import load_probe_results, save_probe_results
+from gpu_tune.tune import engine
+from gpu_tune.host.fs import HostFS
+from gpu_tune.cluster.labels import ANNOTATION_OWNED, ANNOTATION_TOPOLOGY, CONDITION_TYPE, PREFIX, TAINT_EFFECT, TAINT_KEY
+from gpu_tune.tune.policy import load_profile
+from gpu_tune.judge.probe.saved import load_probe_results, save_probe_results
 from tests.fixtures import hostgen
 from tests.kubeapi import KubeAPIServer, write_kubeconfig
 
@@ -55,7 +55,7 @@ def child_env(**extra: str) -> dict[str, str]:
 
 
 def gpu_tune(*args: str, timeout: float = 60) -> subprocess.CompletedProcess:
-    return subprocess.run([sys.executable, "-m", "agent.cli", *args], cwd=REPO, env=child_env(),
+    return subprocess.run([sys.executable, "-m", "gpu_tune", *args], cwd=REPO, env=child_env(),
                           capture_output=True, text=True, timeout=timeout)
 
 
@@ -102,7 +102,7 @@ class Procs:
         return p
 
     def serve(self, root: Path, log: Path, *args: str) -> subprocess.Popen:
-        return self.start([sys.executable, "-m", "agent.cli", "--root", str(root), "--gpu-backend", "none",
+        return self.start([sys.executable, "-m", "gpu_tune", "--root", str(root), "--gpu-backend", "none",
                            "serve", "--host", "127.0.0.1", *args], log, env=child_env())
 
     def cleanup(self) -> None:

@@ -6,12 +6,12 @@ import subprocess
 
 import pytest
 
-from agent.engine import apply, audit, make_context, plan, revert
-from agent.errors import InputError
-from agent.hostfs import HostFS
-from agent.journal import JOURNAL, Journal
-from agent.knobs.base import Context
-from agent.policy import load_profile
+from gpu_tune.tune.engine import apply, audit, make_context, plan, revert
+from gpu_tune.errors import InputError
+from gpu_tune.host.fs import HostFS
+from gpu_tune.tune.journal import JOURNAL, Journal
+from gpu_tune.tune.knobs.base import Context
+from gpu_tune.tune.policy import load_profile
 from tests.conftest import snapshot_tree
 
 CORE = """name: core

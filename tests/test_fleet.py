@@ -1,6 +1,6 @@
 """`gpu-tune fleet` (and `kubectl gpu-tune fleet`): the real CLI and the real kubernetes client over
-HTTP against the local test API server, with dozens of nodes in every state (agent/fleet.py,
-agent/kube.py list_nodes)."""
+HTTP against the local test API server, with dozens of nodes in every state (gpu_tune/cluster/fleet.py,
+gpu_tune/cluster/publisher.py list_nodes)."""
 
 from __future__ import annotations
 
@@ -16,8 +16,8 @@ from pathlib import Path
 
 import pytest
 
-from agent.fleet import NOT_READY, NOT_REPORTING, READY, age, fleet_report, judge_node, render_table
-from agent.kube import list_nodes, reader_configuration
+from gpu_tune.cluster.fleet import NOT_READY, NOT_REPORTING, READY, age, fleet_report, judge_node, render_table
+from gpu_tune.cluster.publisher import list_nodes, reader_configuration
 from tests.fixtures.fleet import MIX, agent_node, agent_want, make_node, populate
 from tests.kubeapi import write_kubeconfig
 
@@ -180,7 +180,7 @@ def test_selector_is_sent_to_the_server_and_all_ready_exits_0(fleet):
     assert proc.returncode == 1 and json.loads(proc.stdout)["nodes"] == []
     assert "match it, none a GPU node or running the agent" in proc.stderr
     # the API server sees who asks
-    from agent import __version__
+    from gpu_tune import __version__
 
     assert set(api.user_agents) == {f"gpu-tune/{__version__}"}
 

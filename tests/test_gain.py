@@ -12,7 +12,7 @@ import time
 
 import pytest
 
-from agent.gain import TUNED, UNTUNED, interleaved, overall_verdict
+from gpu_tune.judge.gain.measure import TUNED, UNTUNED, interleaved, overall_verdict
 from tests.conftest import REPO, jdoc, run_cli, snapshot_tree
 
 BASE = ("--gpu-backend", "none")
@@ -142,7 +142,7 @@ def test_sigkill_at_any_moment_loses_nothing(make_host, tmp_path, when):
     env = {**os.environ, "PYTHONPATH": str(REPO), **fake_env(root, log, sleep=0.5)}
     if when == "apply writes":
         env["GPU_TUNE_FAILPOINT_WRITE_DELAY"] = "0.3"
-    proc = subprocess.Popen([sys.executable, "-m", "agent.cli", "gain", "--root", str(root), *BASE, "--pairs", "3"],
+    proc = subprocess.Popen([sys.executable, "-m", "gpu_tune", "gain", "--root", str(root), *BASE, "--pairs", "3"],
                             env=env, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE)
     swap = root / "proc/sys/vm/swappiness"
     deadline = time.monotonic() + 60
@@ -172,7 +172,7 @@ def test_sigterm_restores_the_host(make_host, tmp_path):
     before = snapshot_tree(root)
     log = tmp_path / "t.jsonl"
     env = {**os.environ, "PYTHONPATH": str(REPO), **fake_env(root, log, sleep=2.0)}
-    proc = subprocess.Popen([sys.executable, "-m", "agent.cli", "gain", "--root", str(root), *BASE, "--pairs", "3"],
+    proc = subprocess.Popen([sys.executable, "-m", "gpu_tune", "gain", "--root", str(root), *BASE, "--pairs", "3"],
                             env=env, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE)
     deadline = time.monotonic() + 60
     while time.monotonic() < deadline and not (log.exists() and len(lines(log)) >= 2):
@@ -212,7 +212,7 @@ def test_real_probe_gain_on_this_machine(make_host):
 @pytest.mark.slow
 def test_workload_times_each_launch_bound_step_when_asked():
     env = {**os.environ, "PYTHONPATH": str(REPO), "CUDA_VISIBLE_DEVICES": ""}
-    cmd = [sys.executable, "-m", "workload.mnist_probe", "--device", "cpu", "--window-seconds", "0.3"]
+    cmd = [sys.executable, "-m", "gpu_tune.workload.mnist_probe", "--device", "cpu", "--window-seconds", "0.3"]
     p = subprocess.run(cmd + ["--launch-bound-only", "--step-times"], capture_output=True, text=True, env=env,
                        timeout=300)
     doc = json.loads(p.stdout)

@@ -8,12 +8,12 @@ import threading
 import pytest
 from fastapi.testclient import TestClient
 
-from agent.app import create_app
-from agent.errors import InputError
-from agent.fleet import fleet_report, render_table
-from agent.labels import ANNOTATION_SUMMARY, CONDITION_TYPE, node_summary, summary_annotation
-from agent.policy import Profile, load_profile
-from agent.service import Agent, ServeOptions, default_stages
+from gpu_tune.serve.app import create_app
+from gpu_tune.errors import InputError
+from gpu_tune.cluster.fleet import fleet_report, render_table
+from gpu_tune.cluster.labels import ANNOTATION_SUMMARY, CONDITION_TYPE, node_summary, summary_annotation
+from gpu_tune.tune.policy import Profile, load_profile
+from gpu_tune.serve.agent import Agent, ServeOptions, default_stages
 
 from .test_service import World
 
@@ -179,7 +179,7 @@ def node(name, gain=None, model="NVIDIA-H100-80GB-HBM3"):
 
 
 def test_fleet_gain_column_and_median_per_model():
-    from agent.timestamps import parse_rfc3339
+    from gpu_tune.timestamps import parse_rfc3339
 
     now = parse_rfc3339("2026-01-01T00:05:00Z")
     nodes = [node("a", {"verdict": "gain", "ratio": 1.05, "ci95": [1.02, 1.08]}),

@@ -7,7 +7,7 @@ import random
 
 import pytest
 
-from agent.gain_stats import GAIN, INCONCLUSIVE, LOSS, SAME, compare, pct, t975
+from gpu_tune.judge.gain.stats import GAIN, INCONCLUSIVE, LOSS, SAME, compare, pct, t975
 
 
 def paired(truth: float, n: int, noise: float, seed: int, base: float = 1000.0, drift: float = 0.0):

@@ -10,11 +10,11 @@ from pathlib import Path
 
 import pytest
 
-from agent.errors import InputError
-from agent.gpu import select_backend
-from agent.gpu.base import GpuError
-from agent.gpu.fixture import FixtureBackend
-from agent.gpu.null import NullBackend
+from gpu_tune.errors import InputError
+from gpu_tune.gpu import select_backend
+from gpu_tune.gpu.base import GpuError
+from gpu_tune.gpu.fixture import FixtureBackend
+from gpu_tune.gpu.null import NullBackend
 
 GPU_DIR = Path(__file__).resolve().parent / "fixtures" / "gpu"
 
@@ -282,7 +282,7 @@ def default_gpus():
 def nvml(monkeypatch):
     fake = make_fake_pynvml()
     monkeypatch.setitem(sys.modules, "pynvml", fake)
-    from agent.gpu.nvml import NvmlBackend
+    from gpu_tune.gpu.nvml import NvmlBackend
 
     b = NvmlBackend()
     yield b, fake
@@ -337,8 +337,8 @@ def test_nvml_xids_persistence_processes_affinity(nvml):
 def test_fixture_value_types_are_checked_when_loading(tmp_path, key, value, needle):
     import json as _json
 
-    from agent.errors import InputError
-    from agent.gpu.fixture import FixtureBackend
+    from gpu_tune.errors import InputError
+    from gpu_tune.gpu.fixture import FixtureBackend
 
     doc = {"gpus": [{"index": 0, "uuid": "GPU-0", "name": "NVIDIA H100 80GB HBM3", "pci_bus_id": "0000:18:00.0"}]}
     doc["gpus"][0][key] = value

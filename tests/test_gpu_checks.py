@@ -10,14 +10,14 @@ import sys
 
 import pytest
 
-from agent.engine import audit, make_context, plan
-from agent.gpu import select_backend
-from agent.gpu.cuda import FrameworkBuild, cuda_major_minor, framework_build_from, parse_build_info
-from agent.hostfs import HostFS
-from agent.knobs import fixable
-from agent.kube import PublishResult
-from agent.policy import Profile, load_profile
-from agent.readiness import allocatable_check, driver_cuda_check, verdict
+from gpu_tune.tune.engine import audit, make_context, plan
+from gpu_tune.gpu import select_backend
+from gpu_tune.gpu.cuda import FrameworkBuild, cuda_major_minor, framework_build_from, parse_build_info
+from gpu_tune.host.fs import HostFS
+from gpu_tune.tune.knobs import fixable
+from gpu_tune.cluster.publisher import PublishResult
+from gpu_tune.tune.policy import Profile, load_profile
+from gpu_tune.judge.readiness import allocatable_check, driver_cuda_check, verdict
 from tests.fixtures import pcigen
 
 GPU_DIR = pcigen.GPU_JSON_DIR
@@ -88,8 +88,8 @@ def test_mig_pending_and_unsupported(make_host, tmp_path):
 def test_mig_in_topology_document_and_view(make_host, tmp_path):
     from rich.console import Console
 
-    from agent.topology import discover
-    from agent.topology_view import render_topology
+    from gpu_tune.discover.topology import discover
+    from gpu_tune.views.topology import render_topology
 
     root = make_host("link-degraded")
     b = fixture_copy(tmp_path, "link-degraded", lambda d: d["gpus"][1].update(mig_mode=True, mig_mode_pending=False))
@@ -103,7 +103,7 @@ def test_mig_in_topology_document_and_view(make_host, tmp_path):
 
 
 def test_mig_fixture_types_are_checked(tmp_path):
-    from agent.errors import InputError
+    from gpu_tune.errors import InputError
 
     doc = {"gpus": [{"index": 0, "uuid": "GPU-0", "name": "H100", "pci_bus_id": "0000:18:00.0", "mig_mode": "yes"}]}
     f = tmp_path / "g.json"
@@ -131,7 +131,7 @@ def test_mig_mode_from_nvml(monkeypatch):
 
     fake.nvmlDeviceGetMigMode = get_mig
     monkeypatch.setitem(sys.modules, "pynvml", fake)
-    from agent.gpu.nvml import NvmlBackend
+    from gpu_tune.gpu.nvml import NvmlBackend
 
     b = NvmlBackend()
     g0, g1, g2 = b.gpus()
@@ -146,7 +146,7 @@ def test_mig_mode_from_nvml(monkeypatch):
 
 
 def test_gpu_info_has_the_field_the_probe_reads():
-    from agent.gpu.base import GpuInfo
+    from gpu_tune.gpu.base import GpuInfo
 
     g = GpuInfo(0, "GPU-0", "H100", "0000:18:00.0", mig_mode=True)
     assert getattr(g, "mig_mode", None) is True and g.as_dict()["mig_mode"] is True
@@ -238,7 +238,7 @@ def test_build_info_is_parsed_as_text(tmp_path):
 def test_the_probe_tensorflow_is_found_without_importing_it():
     import subprocess
 
-    code = ("import sys; from agent.gpu.cuda import probe_framework_build as p; b = p(); "
+    code = ("import sys; from gpu_tune.gpu.cuda import probe_framework_build as p; b = p(); "
             "print(b.found, 'tensorflow' in sys.modules)")
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True).stdout.split()
     assert out[1] == "False"  # located and read, never imported
@@ -277,8 +277,8 @@ def test_driver_cuda_check_without_a_cuda_build_or_gpus():
 
 
 def test_topology_carries_driver_and_probe_runtime(make_host, monkeypatch):
-    from agent.gpu import cuda
-    from agent.topology import discover
+    from gpu_tune.gpu import cuda
+    from gpu_tune.discover.topology import discover
 
     root = make_host("link-degraded")
     monkeypatch.setattr(cuda, "probe_framework_build", lambda framework="tensorflow": CUDA_TF)
@@ -294,7 +294,7 @@ def test_topology_carries_driver_and_probe_runtime(make_host, monkeypatch):
 
 
 def test_driver_too_old_is_the_condition_reason_when_first():
-    from agent.readiness import Check, Verdict
+    from gpu_tune.judge.readiness import Check, Verdict
 
     v = Verdict(False, (Check("tuning.compliant", True), Check("gpu.driver_cuda", False, "x")))
     assert v.reason() == "DriverTooOldForCuda"
@@ -353,7 +353,7 @@ def test_verdict_uses_the_previous_read_before_publishing():
 
 
 def test_publisher_reads_capacity_from_the_node(tmp_path):
-    from agent.kube import make_publisher
+    from gpu_tune.cluster.publisher import make_publisher
     from tests.kubeapi import KubeAPIServer, write_kubeconfig
     from tests.test_kube import _want
 
@@ -380,8 +380,8 @@ def test_publisher_reads_capacity_from_the_node(tmp_path):
 
 def test_agent_not_ready_when_the_device_plugin_lost_gpus(tmp_path, monkeypatch):
     """The real stages: fixture GPUs, the test API server's Node with 7 of 8 GPUs advertised."""
-    from agent.labels import CONDITION_TYPE
-    from agent.service import Agent, ServeOptions, default_stages
+    from gpu_tune.cluster.labels import CONDITION_TYPE
+    from gpu_tune.serve.agent import Agent, ServeOptions, default_stages
     from tests.fixtures import hostgen
     from tests.kubeapi import KubeAPIServer, write_kubeconfig
 
@@ -407,7 +407,7 @@ def test_agent_not_ready_when_the_device_plugin_lost_gpus(tmp_path, monkeypatch)
 
 
 def test_no_kube_lists_allocatable_as_not_checked(make_host):
-    from agent.service import Agent, ServeOptions, default_stages
+    from gpu_tune.serve.agent import Agent, ServeOptions, default_stages
 
     root = make_host("link-degraded")
     st = default_stages(ServeOptions(root=str(root), gpu_backend="fixture",

@@ -10,8 +10,8 @@ from pathlib import Path
 
 import pytest
 
-from agent.errors import HostError
-from agent.hostfs import MAX_SYMLINKS, HostFS, Openat2Resolver
+from gpu_tune.errors import HostError
+from gpu_tune.host.fs import MAX_SYMLINKS, HostFS, Openat2Resolver
 
 
 def _openat2_here() -> bool:
@@ -265,7 +265,7 @@ def test_kernel_files_are_told_from_regular_files(tree, resolver):
 @pytest.mark.parametrize("code", [errno.ENOSYS, errno.EPERM])
 def test_auto_falls_back_to_the_walk_without_openat2(tree, monkeypatch, code):
     """An old kernel (ENOSYS) or a seccomp profile that refuses openat2 (EPERM): the walk."""
-    import agent.hostfs as hostfs
+    import gpu_tune.host.fs as hostfs
 
     root, _ = tree
 
@@ -276,6 +276,6 @@ def test_auto_falls_back_to_the_walk_without_openat2(tree, monkeypatch, code):
     fs = HostFS(root)
     assert fs.resolver == "walk"
     assert fs.read_value("/etc/abs") == "TWIN" and fs.read_value("/proc/sys/vm/swappiness") == "CLAMPED"
-    from agent.errors import InputError
+    from gpu_tune.errors import InputError
     with pytest.raises(InputError, match="openat2 is not available"):
         HostFS(root, resolver="openat2")

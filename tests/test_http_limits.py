@@ -1,6 +1,6 @@
 """The agent's HTTP server under hostile clients: head-size cap, request deadline, connection cap,
 default bind address, and which documentation paths exist. A real uvicorn (the agent's own
-configuration, agent/httpserver.py) serves the real app on 127.0.0.1 in a thread."""
+configuration, gpu_tune/serve/httpserver.py) serves the real app on 127.0.0.1 in a thread."""
 
 from __future__ import annotations
 
@@ -14,15 +14,15 @@ from pathlib import Path
 
 import pytest
 
-from agent import httpserver
-from agent.app import create_app
-from agent.snapshot import AgentState
+from gpu_tune.serve import httpserver
+from gpu_tune.serve.app import create_app
+from gpu_tune.serve.snapshot import AgentState
 
 REPO = Path(__file__).resolve().parents[1]
 
 
 class Served:
-    """uvicorn with :func:`agent.httpserver.config` on an ephemeral loopback port, in a thread."""
+    """uvicorn with :func:`gpu_tune.serve.httpserver.config` on an ephemeral loopback port, in a thread."""
 
     def __init__(self, **limits) -> None:
         import uvicorn
@@ -310,8 +310,8 @@ def test_connection_limit_leaves_descriptors_to_the_agent():
 def test_serve_listens_on_loopback_by_default():
     import inspect
 
-    from agent.cli import serve_cmd
-    from agent.service import ServeOptions
+    from gpu_tune.cli.app import serve_cmd
+    from gpu_tune.serve.agent import ServeOptions
 
     assert ServeOptions().host == "127.0.0.1"
     default = inspect.signature(serve_cmd).parameters["host"].default
@@ -322,7 +322,7 @@ def test_serve_help_shows_loopback_default():
     import subprocess
     import sys
 
-    out = subprocess.run([sys.executable, "-m", "agent.cli", "serve", "--help"], capture_output=True, text=True,
+    out = subprocess.run([sys.executable, "-m", "gpu_tune", "serve", "--help"], capture_output=True, text=True,
                          cwd=REPO, env={"COLUMNS": "200", "PATH": "/usr/bin:/bin"}, timeout=60)
     assert out.returncode == 0, out.stderr
     host = out.stdout[out.stdout.index("--host"):out.stdout.index("--port")]

@@ -248,7 +248,7 @@ def venv_gpu_tune() -> str:
 def test_image_has_bytecode_and_no_dead_weight(image):
     code = ("import importlib.util as u, pathlib, sysconfig, sys\n"
             "sp = pathlib.Path(sysconfig.get_paths()['purelib'])\n"
-            "print(sorted(p.name for p in (sp / 'agent' / '__pycache__').glob('*.pyc'))[:3])\n"
+            "print(sorted(p.name for p in (sp / 'gpu_tune' / '__pycache__').glob('*.pyc'))[:3])\n"
             "print([m for m in ('mlxtend', 'scipy', 'pandas', 'sklearn', 'matplotlib', 'clang') if u.find_spec(m)])\n"
             "print((sp / 'tensorflow' / 'include').exists(), sorted(str(p.relative_to(sp)) for p in sp.glob('*/tests'))[:5])\n")
     out = subprocess.run([*ti.PODMAN, "run", *ti.run_flags(), "--rm", "--entrypoint", "python", image, "-c", code],
@@ -260,7 +260,7 @@ def test_image_has_bytecode_and_no_dead_weight(image):
 
 def _code_digest(site: Path) -> str:
     h = hashlib.sha256()
-    for pkg in ("agent", "workload"):
+    for pkg in ("gpu_tune",):
         for f in sorted((site / pkg).rglob("*.py")):
             h.update(str(f.relative_to(site)).encode() + b"\0" + f.read_bytes())
     return h.hexdigest()
@@ -271,7 +271,7 @@ def test_image_runs_this_checkouts_code(image):
     code = ("import hashlib, pathlib, sysconfig\n"
             "site = pathlib.Path(sysconfig.get_paths()['purelib'])\n"
             "h = hashlib.sha256()\n"
-            "for pkg in ('agent', 'workload'):\n"
+            "for pkg in ('gpu_tune',):\n"
             "    for f in sorted((site / pkg).rglob('*.py')):\n"
             "        h.update(str(f.relative_to(site)).encode() + b'\\0' + f.read_bytes())\n"
             "print(h.hexdigest())\n")

@@ -7,11 +7,11 @@ from collections import Counter
 
 import pytest
 
-from agent import engine
-from agent.gpu import select_backend
-from agent.hostfs import HostFS
-from agent.journal import Journal
-from agent.policy import load_profile
+from gpu_tune.tune import engine
+from gpu_tune.gpu import select_backend
+from gpu_tune.host.fs import HostFS
+from gpu_tune.tune.journal import Journal
+from gpu_tune.tune.policy import load_profile
 
 
 @pytest.fixture()

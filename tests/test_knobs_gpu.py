@@ -10,15 +10,15 @@ import time
 
 import pytest
 
-from agent.errors import HostError, UnsupportedWrite
-from agent.gpu import select_backend
-from agent.hostfs import HostFS
-from agent.knobs import KNOBS
-from agent.knobs.allocator import AllocatorKnob, find_host_jemalloc
-from agent.knobs.base import Context
-from agent.knobs.gpu_persistence import GpuPersistenceKnob
-from agent.knobs.irq_affinity import IrqAffinityKnob
-from agent.policy import Profile, load_profile
+from gpu_tune.errors import HostError, UnsupportedWrite
+from gpu_tune.gpu import select_backend
+from gpu_tune.host.fs import HostFS
+from gpu_tune.tune.knobs import KNOBS
+from gpu_tune.tune.knobs.allocator import AllocatorKnob, find_host_jemalloc
+from gpu_tune.tune.knobs.base import Context
+from gpu_tune.tune.knobs.gpu_persistence import GpuPersistenceKnob
+from gpu_tune.tune.knobs.irq_affinity import IrqAffinityKnob
+from gpu_tune.tune.policy import Profile, load_profile
 from tests.fixtures import pcigen
 
 N0 = "0-55,112-167"
@@ -266,11 +266,11 @@ def test_wanted_follows_profile():
 
 
 def test_irq_rows_are_errors_when_the_node_cpulist_is_unreadable(make_host, gpu_fixture):
-    from agent.gpu import select_backend
-    from agent.hostfs import HostFS
-    from agent.knobs.base import Context
-    from agent.knobs.irq_affinity import IrqAffinityKnob
-    from agent.policy import Profile
+    from gpu_tune.gpu import select_backend
+    from gpu_tune.host.fs import HostFS
+    from gpu_tune.tune.knobs.base import Context
+    from gpu_tune.tune.knobs.irq_affinity import IrqAffinityKnob
+    from gpu_tune.tune.policy import Profile
 
     root = make_host("link-degraded")
     (root / "sys/devices/system/node/node0/cpulist").write_text("garbage-x\n")

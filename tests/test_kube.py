@@ -1,4 +1,4 @@
-"""The Kubernetes publisher against a local API server over real HTTP (agent/kube.py)."""
+"""The Kubernetes publisher against a local API server over real HTTP (gpu_tune/cluster/publisher.py)."""
 
 from __future__ import annotations
 
@@ -10,9 +10,9 @@ from pathlib import Path
 
 import pytest
 
-from agent.errors import InputError
-from agent.kube import KubePublisher, NullPublisher, make_publisher, plan_node
-from agent.labels import ANNOTATION_OWNED, CONDITION_TYPE, TAINT_KEY, desired_node_state
+from gpu_tune.errors import InputError
+from gpu_tune.cluster.publisher import KubePublisher, NullPublisher, make_publisher, plan_node
+from gpu_tune.cluster.labels import ANNOTATION_OWNED, CONDITION_TYPE, TAINT_KEY, desired_node_state
 from tests.kubeapi import write_kubeconfig
 
 FAST = dict(backoff_base_s=0.01, backoff_cap_s=0.05, retry_budget_s=5.0, attempts=4,
@@ -92,7 +92,7 @@ def test_node_name_and_kubeconfig_from_env(monkeypatch, api, kubeconfig):
 
 
 def test_kubernetes_not_imported_when_off():
-    code = ("import sys; from agent.kube import make_publisher; from agent.labels import desired_node_state; "
+    code = ("import sys; from gpu_tune.cluster.publisher import make_publisher; from gpu_tune.cluster.labels import desired_node_state; "
             "make_publisher('n', None, True); make_publisher('n', None, False); "
             "print('kubernetes' in sys.modules)")
     env = {"PATH": "/usr/bin:/bin"}
@@ -283,10 +283,10 @@ def test_403_on_events_names_create_events(api, kubeconfig):
 @pytest.fixture()
 def no_pod_namespace(monkeypatch, tmp_path):
     """Neither POD_NAMESPACE nor a service account namespace file (a run outside a pod)."""
-    import agent.kube
+    import gpu_tune.cluster.publisher
 
     monkeypatch.delenv("POD_NAMESPACE", raising=False)
-    monkeypatch.setattr(agent.kube, "SERVICE_NAMESPACE_FILE", str(tmp_path / "no-such-namespace-file"))
+    monkeypatch.setattr(gpu_tune.cluster.publisher, "SERVICE_NAMESPACE_FILE", str(tmp_path / "no-such-namespace-file"))
 
 
 def test_events_go_to_the_pod_namespace_where_the_role_grants_them(api, kubeconfig, no_pod_namespace, monkeypatch):
@@ -303,11 +303,11 @@ def test_events_go_to_the_pod_namespace_where_the_role_grants_them(api, kubeconf
 
 
 def test_event_namespace_from_the_service_account_file(api, kubeconfig, no_pod_namespace, monkeypatch, tmp_path):
-    import agent.kube
+    import gpu_tune.cluster.publisher
 
     ns_file = tmp_path / "namespace"
     ns_file.write_text("tune-system")  # as the kubelet writes it: no newline
-    monkeypatch.setattr(agent.kube, "SERVICE_NAMESPACE_FILE", str(ns_file))
+    monkeypatch.setattr(gpu_tune.cluster.publisher, "SERVICE_NAMESPACE_FILE", str(ns_file))
     api.add_node("gpu-1")
     api.event_namespaces = {"tune-system"}
     r = _pub(kubeconfig).publish(_want(True))
@@ -441,7 +441,7 @@ def test_server_keeps_status_and_spec_apart(api, kubeconfig):
 def test_in_cluster_service_account_is_preferred(monkeypatch, tmp_path, kubeconfig):
     import kubernetes.config.incluster_config as incluster
 
-    import agent.kube as kube
+    import gpu_tune.cluster.publisher as kube
 
     token, ca = tmp_path / "token", tmp_path / "ca.crt"
     token.write_text("sa-token")
@@ -542,7 +542,7 @@ def test_generated_core_api_is_never_imported(api, kubeconfig, tmp_path):
     resident, ~0.5 s to import) stays out of the process."""
     api.add_node("gpu-1")
     code = ("import sys, json\n"
-            "from agent.kube import make_publisher, list_nodes, reader_configuration\n"
+            "from gpu_tune.cluster.publisher import make_publisher, list_nodes, reader_configuration\n"
             "from tests.test_kube import _want\n"
             f"pub = make_publisher('gpu-1', {kubeconfig!r}, False)\n"
             "assert pub.publish(_want(False)).ok\n"

@@ -1,4 +1,4 @@
-"""Labels, annotations, condition and taint wanted for a verdict (agent/labels.py, pure)."""
+"""Labels, annotations, condition and taint wanted for a verdict (gpu_tune/cluster/labels.py, pure)."""
 
 from __future__ import annotations
 
@@ -8,7 +8,7 @@ import re
 
 import pytest
 
-from agent.labels import (
+from gpu_tune.cluster.labels import (
     ANNOTATION_OWNED,
     ANNOTATION_TOPOLOGY,
     CONDITION_TYPE,
@@ -201,8 +201,8 @@ def test_topology_annotation_bounded():
 def _summary_facts(*, temp: float = 91.0, util: float = 85.0, launch: float = 41234.5, fp: str = "3f2a9c1d",
                    swappiness: str = "60"):
     """A not-ready node: drift, a hot GPU with a link trained down under load, a failed probe."""
-    from agent.policy import Profile
-    from agent.readiness import verdict
+    from gpu_tune.tune.policy import Profile
+    from gpu_tune.judge.readiness import verdict
 
     from .fixtures.probes import probe_result, probe_verdict
     from .test_readiness import h100
@@ -231,7 +231,7 @@ def _want_with_summary(**facts):
 
 
 def test_summary_annotation_shape():
-    from agent.labels import ANNOTATION_SUMMARY
+    from gpu_tune.cluster.labels import ANNOTATION_SUMMARY
 
     doc = json.loads(_want_with_summary().annotations[ANNOTATION_SUMMARY])
     assert doc["v"] == 1
@@ -252,7 +252,7 @@ def test_summary_annotation_shape():
 def test_summary_is_stable_across_passes_of_a_steady_node():
     """Readings that move every pass (temperature, utilization) and throughput that wobbles from one
     probe run to the next must not change the annotation: a steady node makes no write."""
-    from agent.labels import ANNOTATION_SUMMARY
+    from gpu_tune.cluster.labels import ANNOTATION_SUMMARY
 
     # images/s measured on one node from run to run: 9.8k to 15k
     a = _want_with_summary(temp=91.0, util=85.0, launch=9800.0)
@@ -264,7 +264,7 @@ def test_summary_is_stable_across_passes_of_a_steady_node():
 
 
 def test_summary_without_facts_and_bounded():
-    from agent.labels import ANNOTATION_SUMMARY, MAX_SUMMARY_ANNOTATION, node_summary, summary_annotation
+    from gpu_tune.cluster.labels import ANNOTATION_SUMMARY, MAX_SUMMARY_ANNOTATION, node_summary, summary_annotation
 
     from .fixtures.probes import probe_result, probe_verdict
 

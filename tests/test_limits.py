@@ -7,11 +7,11 @@ import shutil
 
 import pytest
 
-from agent.engine import apply, audit, make_context, plan
-from agent.hostfs import HostFS
-from agent.journal import Journal
-from agent.knobs import fixable
-from agent.policy import Profile, load_profile
+from gpu_tune.tune.engine import apply, audit, make_context, plan
+from gpu_tune.host.fs import HostFS
+from gpu_tune.tune.journal import Journal
+from gpu_tune.tune.knobs import fixable
+from gpu_tune.tune.policy import Profile, load_profile
 from tests.conftest import snapshot_tree
 from tests.fixtures.hostgen import proc_limits
 
@@ -122,7 +122,7 @@ def test_the_fixture_tree_is_untouched_by_audit(make_host):
 def test_enforce_mode_keeps_the_remedy_of_a_read_only_row(make_host):
     """The agent re-applies drift at most every 5 minutes and says so in the row; a read-only
     check is never re-applied, so its row keeps the remedy pass after pass."""
-    from agent.service import Agent, ServeOptions, default_stages
+    from gpu_tune.serve.agent import Agent, ServeOptions, default_stages
 
     root = small(make_host)
     st = default_stages(ServeOptions(root=str(root), gpu_backend="none", no_kube=True))

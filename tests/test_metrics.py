@@ -8,11 +8,11 @@ from pathlib import Path
 import pytest
 from prometheus_client.parser import text_string_to_metric_families
 
-from agent import __version__
-from agent.snapshot import CollectorStatus, Snapshot
-from agent.metrics import FAMILIES, GPU_LABELS, SnapshotCollector, make_registry, nvml_bus_id, render_metrics
-from agent.policy import Profile
-from agent.readiness import verdict
+from gpu_tune import __version__
+from gpu_tune.serve.snapshot import CollectorStatus, Snapshot
+from gpu_tune.serve.metrics import FAMILIES, GPU_LABELS, SnapshotCollector, make_registry, nvml_bus_id, render_metrics
+from gpu_tune.tune.policy import Profile
+from gpu_tune.judge.readiness import verdict
 
 from .fixtures.probes import PEER_GROUP, count_series, probe_result, probe_verdict, probed_pass
 from .test_readiness import AUDIT_DRIFT, Pub, h100
@@ -278,9 +278,9 @@ def test_nvml_bus_id(given, want):
 ])
 def test_metrics_read_the_regimes_as_the_probe_judge_does(result):
     """The exposition and the summary annotation read a result's throughput the way the probe's
-    own judge does (agent/probe/judge.py), old saved results included."""
-    from agent.probe.judge import regime_figures
-    from agent.probe_figures import throughput
+    own judge does (gpu_tune/judge/probe/judge.py), old saved results included."""
+    from gpu_tune.judge.probe.judge import regime_figures
+    from gpu_tune.judge.figures import throughput
 
     judged = {k: v.get("images_per_second") for k, v in regime_figures(result).items()
               if v.get("images_per_second") is not None}

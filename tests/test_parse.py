@@ -1,6 +1,6 @@
 import pytest
 
-from agent.parse import (ParseError, format_cpulist, format_cpumask, parse_bracketed, parse_cmdline,
+from gpu_tune.host.parse import (ParseError, format_cpulist, format_cpumask, parse_bracketed, parse_cmdline,
                          parse_cpulist, parse_cpumask, parse_interrupts, parse_link_speed, parse_link_width,
                          parse_meminfo)
 
@@ -68,7 +68,7 @@ def test_meminfo_node_form():
 
 
 def test_interrupts_handler_names_and_virtio_queues():
-    from agent.parse import irqs_named
+    from gpu_tune.host.parse import irqs_named
 
     text = ("           CPU0       CPU1       \n"
             "  11:          5          6  IO-APIC  11-fasteoi   uhci_hcd:usb1, virtio7\n"

@@ -2,8 +2,8 @@
 
 import pytest
 
-from agent.errors import InputError
-from agent.policy import list_profile_names, load_all, load_profile
+from gpu_tune.errors import InputError
+from gpu_tune.tune.policy import list_profile_names, load_all, load_profile
 
 
 def test_shipped_profiles_load_and_differ():
@@ -21,7 +21,7 @@ def test_shipped_profiles_load_and_differ():
 
 
 def test_profiles_explain_their_choices():
-    from agent.policy import default_policy_dir
+    from gpu_tune.tune.policy import default_policy_dir
 
     for name in ("training.yaml", "inference.yaml", "_base.yaml"):
         text = (default_policy_dir() / name).read_text()

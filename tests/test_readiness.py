@@ -2,9 +2,9 @@
 
 from __future__ import annotations
 
-from agent.gpu.base import GpuInfo
-from agent.policy import Profile
-from agent.readiness import BUSY_UTILIZATION_PERCENT, FATAL_XIDS, Check, Verdict, gpu_problems, verdict
+from gpu_tune.gpu.base import GpuInfo
+from gpu_tune.tune.policy import Profile
+from gpu_tune.judge.readiness import BUSY_UTILIZATION_PERCENT, FATAL_XIDS, Check, Verdict, gpu_problems, verdict
 
 
 def h100(index: int = 0, **kw) -> GpuInfo:
@@ -168,7 +168,7 @@ def test_no_probe_yet_is_not_ready():
 
 
 def test_a_skipped_probe_that_counts_as_passed_says_why():
-    from agent.readiness import probe_checks
+    from gpu_tune.judge.readiness import probe_checks
 
     mig = {"gpu": "1", "status": "skipped", "passed": True, "result": None,
            "reasons": ["MIG mode is enabled on GPU 1: the probe runs on whole GPUs (not a failure)"]}

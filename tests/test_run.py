@@ -1,4 +1,4 @@
-"""``gpu-tune run``: binding choice, the bind prefix (numactl and agent.bind), the workload's
+"""``gpu-tune run``: binding choice, the bind prefix (numactl and gpu_tune.launch.bind), the workload's
 environment, and real children that report their own CPU affinity, memory policy and libraries."""
 
 from __future__ import annotations
@@ -12,13 +12,13 @@ from pathlib import Path
 
 import pytest
 
-from agent import runner
-from agent.errors import InputError
-from agent.gpu import select_backend
-from agent.hostfs import HostFS
-from agent.policy import Profile, load_profile
-from agent.runner import Binding, bind_prefix, binding_for, workload_env
-from agent.topology import discover
+from gpu_tune.launch import runner
+from gpu_tune.errors import InputError
+from gpu_tune.gpu import select_backend
+from gpu_tune.host.fs import HostFS
+from gpu_tune.tune.policy import Profile, load_profile
+from gpu_tune.launch.runner import Binding, bind_prefix, binding_for, workload_env
+from gpu_tune.discover.topology import discover
 from tests.fixtures import pcigen
 
 REPO = Path(__file__).resolve().parents[1]
@@ -78,7 +78,7 @@ def test_bind_prefix_numactl_and_fallback(monkeypatch):
     monkeypatch.setattr(runner.shutil, "which", lambda name: "/usr/bin/numactl" if name == "numactl" else None)
     assert bind_prefix(b) == ["/usr/bin/numactl", "--physcpubind=56-58,168", "--membind=1", "--"]
     monkeypatch.setattr(runner.shutil, "which", lambda name: None)
-    assert bind_prefix(b) == [sys.executable, "-m", "agent.bind", "--cpus", "56-58,168", "--node", "1", "--"]
+    assert bind_prefix(b) == [sys.executable, "-m", "gpu_tune.launch.bind", "--cpus", "56-58,168", "--node", "1", "--"]
     assert bind_prefix(Binding(None, frozenset(), None, None)) == []
 
 
@@ -106,9 +106,9 @@ def _run_child(binding_py: str, *, fallback: bool) -> dict:
     """exec_run in a child process; the grandchild (the workload) prints its own state."""
     script = textwrap.dedent(f"""
         import sys
-        from agent import runner
-        from agent.runner import Binding
-        from agent.policy import load_profile
+        from gpu_tune.launch import runner
+        from gpu_tune.launch.runner import Binding
+        from gpu_tune.tune.policy import load_profile
         if {fallback!r}:
             runner.shutil.which = lambda name: None
         runner.exec_run({binding_py}, load_profile("training"), [sys.executable, "-c", {PRINTER!r}])
@@ -121,7 +121,7 @@ def _run_child(binding_py: str, *, fallback: bool) -> dict:
 
 
 @pytest.mark.skipif(not HAVE_NUMA, reason="kernel without NUMA support")
-@pytest.mark.parametrize("fallback", [False, True], ids=["numactl", "agent.bind"])
+@pytest.mark.parametrize("fallback", [False, True], ids=["numactl", "gpu_tune.launch.bind"])
 def test_child_is_bound(fallback):
     if not fallback and not runner.shutil.which("numactl"):
         pytest.skip("numactl not installed")
@@ -147,7 +147,7 @@ def test_cli_run_numa_node_0(cli):
     assert proc.returncode == 0, proc.stderr
     out = json.loads(proc.stdout.strip().splitlines()[-1])
     node0 = discover(HostFS("/"), None).node(0).cpus
-    from agent.parse import parse_cpulist
+    from gpu_tune.host.parse import parse_cpulist
 
     assert parse_cpulist(out["cpus"]) == node0 & frozenset(os.sched_getaffinity(0))
     assert out["policy"] == "bind:0" and out["mems"] == "0"
@@ -159,7 +159,7 @@ def test_agent_bind_errors():
     env = {**os.environ, "PYTHONPATH": str(REPO)}
 
     def run(*args):
-        return subprocess.run([sys.executable, "-m", "agent.bind", *args], capture_output=True, text=True,
+        return subprocess.run([sys.executable, "-m", "gpu_tune.launch.bind", *args], capture_output=True, text=True,
                               env=env, timeout=30, cwd=str(REPO))
 
     p = run("--cpus", "0")

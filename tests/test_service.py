@@ -17,10 +17,10 @@ from pathlib import Path
 import pytest
 from fastapi.testclient import TestClient
 
-from agent.app import create_app
-from agent.errors import HostError, InputError
-from agent.policy import Profile
-from agent.service import Agent, ServeOptions, Stages
+from gpu_tune.serve.app import create_app
+from gpu_tune.errors import HostError, InputError
+from gpu_tune.tune.policy import Profile
+from gpu_tune.serve.agent import Agent, ServeOptions, Stages
 
 from .test_readiness import AUDIT_OK, Pub, h100
 
@@ -298,8 +298,8 @@ def test_enforce_real_engine_read_only_journal(make_host, monkeypatch):
     """The real engine over a fixture host whose journal folder cannot be written."""
     from contextlib import contextmanager
 
-    from agent import engine
-    from agent.hostfs import HostFS
+    from gpu_tune.tune import engine
+    from gpu_tune.host.fs import HostFS
 
     root = make_host("small-2cpu")
     fs = HostFS(root)
@@ -433,7 +433,7 @@ def test_options_validation():
 SERVE_SCRIPT = r"""
 import json, sys
 sys.path.insert(0, {repo!r})
-from agent.service import ServeOptions, serve
+from gpu_tune.serve.agent import ServeOptions, serve
 from tests.test_service import World
 marker = {marker!r}
 world = World()
@@ -503,7 +503,7 @@ def test_serve_process_sigterm_exits_0(tmp_path, revert_on_exit):
 
 
 def test_serve_port_in_use_is_input_error():
-    from agent.service import _bind
+    from gpu_tune.serve.agent import _bind
 
     s = socket.socket()
     s.bind(("127.0.0.1", 0))
@@ -530,9 +530,9 @@ def _busy_gpu_host(tmp_path, busy=True):
 
 def test_probe_stage_saves_its_verdicts(make_host, monkeypatch):
     """Each probe run is saved where `gpu-tune label` reads it (a quick error verdict: no data)."""
-    from agent.hostfs import HostFS
-    from agent.service import default_stages
-    from agent.state import load_probe_results
+    from gpu_tune.host.fs import HostFS
+    from gpu_tune.serve.agent import default_stages
+    from gpu_tune.judge.probe.saved import load_probe_results
 
     monkeypatch.setenv("PYTHONPATH", str(REPO))
     root = make_host("small-2cpu")
@@ -551,9 +551,9 @@ def test_probe_stage_saves_its_verdicts(make_host, monkeypatch):
 
 
 def test_saved_verdict_stands_for_a_busy_gpu_across_restarts(tmp_path):
-    from agent.hostfs import HostFS
-    from agent.service import default_stages
-    from agent.state import load_probe_results, save_probe_results
+    from gpu_tune.host.fs import HostFS
+    from gpu_tune.serve.agent import default_stages
+    from gpu_tune.judge.probe.saved import load_probe_results, save_probe_results
 
     root, fixture = _busy_gpu_host(tmp_path)
     fs = HostFS(root)
@@ -635,7 +635,7 @@ def test_sigterm_during_a_probe_kills_it_and_exits_fast(tmp_path):
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))
         port = s.getsockname()[1]
-    proc = subprocess.Popen([sys.executable, "-m", "agent.cli", "--root", str(root), "--gpu-backend", "none", "serve",
+    proc = subprocess.Popen([sys.executable, "-m", "gpu_tune", "--root", str(root), "--gpu-backend", "none", "serve",
                              "--no-kube", "--host", "127.0.0.1", "--port", str(port), "--probe-device", "cpu",
                              "--interval", "1"], cwd=REPO, env=env, stdout=subprocess.DEVNULL,
                             stderr=subprocess.PIPE, text=True)
@@ -662,7 +662,7 @@ def test_sigterm_during_a_probe_kills_it_and_exits_fast(tmp_path):
         time.sleep(0.05)
     assert not _alive(probe_pid) and not _alive(grandchild), "a probe process outlived the agent"
     assert "Traceback" not in err
-    from agent.hostfs import HostFS
-    from agent.state import load_probe_results
+    from gpu_tune.host.fs import HostFS
+    from gpu_tune.judge.probe.saved import load_probe_results
 
     assert load_probe_results(HostFS(root), "training") is None  # a probe cut short is no verdict to keep

@@ -11,10 +11,10 @@ from pathlib import Path
 import pytest
 from rich.console import Console
 
-from agent.gpu import select_backend
-from agent.hostfs import HostFS
-from agent.topology import discover, normalize_bus_id
-from agent.topology_view import render_topology
+from gpu_tune.gpu import select_backend
+from gpu_tune.host.fs import HostFS
+from gpu_tune.discover.topology import discover, normalize_bus_id
+from gpu_tune.views.topology import render_topology
 from tests.fixtures import pcigen
 
 GPU_DIR = Path(__file__).resolve().parent / "fixtures" / "gpu"
@@ -159,7 +159,7 @@ def test_gpu_without_backend_and_backend_gpu_missing_in_sysfs(make_host, tmp_pat
 
 
 def test_gpu_info_list_and_lost_gpu_without_bus_id(make_host):
-    from agent.gpu.base import GpuInfo
+    from gpu_tune.gpu.base import GpuInfo
 
     root = make_host("link-degraded")
     infos = [GpuInfo(0, "GPU-a", "H100", "00000000:18:00.0"),
@@ -204,7 +204,7 @@ def test_lower_generation_alone_is_not_degraded(make_host):
     """Idle GPUs lower the link generation to save power: a note, not DEGRADED (width is what fails)."""
     from dataclasses import replace
 
-    from agent.topology_view import render_topology
+    from gpu_tune.views.topology import render_topology
 
     root = make_host("link-degraded")
     topo = discover(HostFS(root), backend("link-degraded"))

@@ -11,13 +11,13 @@ from pathlib import Path
 import pytest
 from rich.console import Console
 
-from agent.engine import apply, audit, make_context, revert
-from agent.gpu import select_backend
-from agent.hostfs import HostFS
-from agent.knobs.base import Context
-from agent.policy import Profile
-from agent.topology import discover, pci_function_of
-from agent.topology_view import render_topology
+from gpu_tune.tune.engine import apply, audit, make_context, revert
+from gpu_tune.gpu import select_backend
+from gpu_tune.host.fs import HostFS
+from gpu_tune.tune.knobs.base import Context
+from gpu_tune.tune.policy import Profile
+from gpu_tune.discover.topology import discover, pci_function_of
+from gpu_tune.views.topology import render_topology
 from tests.conftest import snapshot_tree
 from tests.fixtures import pcigen, realhost
 

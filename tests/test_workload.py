@@ -17,8 +17,8 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from workload import data as wd
-from workload import hostinfo
+from gpu_tune.workload import data as wd
+from gpu_tune.workload import hostinfo
 
 ROOT = Path(__file__).resolve().parent.parent
 JEMALLOC = next((p for p in ("/usr/lib/x86_64-linux-gnu/libjemalloc.so.2", "/usr/lib/aarch64-linux-gnu/libjemalloc.so.2",
@@ -44,7 +44,7 @@ def _write_idx(path: Path, arr: np.ndarray, *, gz: bool) -> None:
 
 def _cli(*args: str, env: dict | None = None, timeout: float = 60) -> subprocess.CompletedProcess:
     e = dict(os.environ, **(env or {}))
-    return subprocess.run([sys.executable, "-m", "workload.mnist_probe", *args], cwd=ROOT, env=e,
+    return subprocess.run([sys.executable, "-m", "gpu_tune.workload.mnist_probe", *args], cwd=ROOT, env=e,
                           capture_output=True, text=True, timeout=timeout)
 
 
@@ -199,7 +199,7 @@ def test_host_fact_parsers():
 
 
 def _facts_in_child(prefix: list[str], env: dict | None = None) -> dict:
-    code = "import json; from workload.hostinfo import process_facts; print(json.dumps(process_facts()))"
+    code = "import json; from gpu_tune.workload.hostinfo import process_facts; print(json.dumps(process_facts()))"
     out = subprocess.run([*prefix, sys.executable, "-c", code], cwd=ROOT, env=dict(os.environ, **(env or {})),
                          capture_output=True, text=True, timeout=30, check=True)
     return json.loads(out.stdout)
@@ -333,7 +333,7 @@ def test_no_deterministic_kernel_is_a_dependency_error_not_a_crash(subset):
     """Should an op have no deterministic kernel on some device or TensorFlow build, the probe says
     so as a result (an error about the software, the same on every such node), never a crash."""
     code = (
-        "import sys, workload.train as tr, workload.mnist_probe as mp\n"
+        "import sys, gpu_tune.workload.train as tr, gpu_tune.workload.mnist_probe as mp\n"
         "def boom(*a, **k):\n"
         "    raise tr.tf.errors.UnimplementedError(None, None, 'A deterministic GPU implementation of "
         "MaxPoolGrad is not currently available.\\nmore')\n"

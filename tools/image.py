@@ -32,7 +32,7 @@ ROOT = Path(__file__).resolve().parent.parent
 DEFAULT_BASE = "python:3.11-slim-bookworm"
 LOCAL_BASE = "localhost/debian-py:bookworm"
 # What the build context holds (the .dockerignore allow-list): copied for --code-change.
-CONTEXT = ["Dockerfile", ".dockerignore", "pyproject.toml", "README.md", "agent", "workload",
+CONTEXT = ["Dockerfile", ".dockerignore", "pyproject.toml", "README.md", "gpu_tune",
            "policies", "requirements", "data"]
 PODMAN = ["podman", "--cgroup-manager", "cgroupfs"]
 LIMITS = ["--ulimit", "nofile=20000:20000", "--ulimit", "nproc=4096:4096"]
@@ -227,7 +227,7 @@ def main(argv: list[str] | None = None) -> int:
         with tempfile.TemporaryDirectory(prefix="gpu-tune-ctx-") as tmp:
             ctx = Path(tmp)
             copy_context(ctx)
-            with open(ctx / "agent" / "__init__.py", "a") as fh:
+            with open(ctx / "gpu_tune" / "__init__.py", "a") as fh:
                 fh.write(f"\n# code-only change {time.time_ns()}\n")
             tag2 = tag + "-codechange"
             took2 = build(ctx, a.flavour, tag2, base, log_dir / f"gpu-tune-image-{a.flavour}-2.log")

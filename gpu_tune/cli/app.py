@@ -24,8 +24,8 @@ try:  # typer >= 0.24 vendors click as typer._click; older releases use click it
 except ImportError:  # pragma: no cover
     from click import exceptions as _cx
 
-from . import __version__
-from .errors import GpuTuneError, InputError
+from gpu_tune import __version__
+from gpu_tune.errors import GpuTuneError, InputError
 
 log = logging.getLogger("gpu_tune")
 
@@ -241,13 +241,13 @@ def _main(
 
 # -- shared plumbing ----------------------------------------------------------------------------
 def _fs(g: Globals):
-    from .hostfs import HostFS
+    from gpu_tune.host.fs import HostFS
 
     return HostFS(g.root)
 
 
 def _profile(g: Globals, name: str):
-    from .policy import load_profile
+    from gpu_tune.tune.policy import load_profile
 
     return load_profile(name, g.policy_dir)
 
@@ -255,8 +255,8 @@ def _profile(g: Globals, name: str):
 def _check_journal(fs) -> None:
     """A journal this tool did not write is bad input: exit 2 before the lock is taken or
     anything is written. (An unreadable file is left to apply/revert to report.)"""
-    from .errors import HostError
-    from .journal import Journal, JournalError
+    from gpu_tune.errors import HostError
+    from gpu_tune.tune.journal import Journal, JournalError
 
     try:
         Journal(fs).load()
@@ -267,7 +267,7 @@ def _check_journal(fs) -> None:
 
 
 def _gpu(g: Globals):
-    from .gpu import select_backend
+    from gpu_tune.gpu import select_backend
 
     return select_backend(g.gpu_backend, g.gpu_fixture)
 
@@ -293,7 +293,7 @@ def _check_gpu_and_data(gpu: Optional[str], data: Optional[str]) -> None:
 
 @command("profiles", help="List the profiles with their summaries.")
 def profiles_cmd(g: Globals) -> int:
-    from .policy import load_all
+    from gpu_tune.tune.policy import load_all
 
     profiles = load_all(g.policy_dir)
     if g.output == "json":
@@ -314,7 +314,7 @@ def _emit_report(g: Globals, report, title: str, *, show_changed: bool = False) 
     if g.output == "json":
         _print_json(report.as_dict())
         return
-    from .render import settings_table, summary_line
+    from gpu_tune.views.settings import settings_table, summary_line
 
     c = _console()
     c.print(settings_table(title, report.settings, show_changed=show_changed))
@@ -324,7 +324,7 @@ def _emit_report(g: Globals, report, title: str, *, show_changed: bool = False) 
 
 @command("audit", help="Read-only: each setting's current vs desired value. Exit 0 compliant, 1 drift.")
 def audit_cmd(g: Globals, profile: ProfileOpt = "training") -> int:
-    from .engine import audit, make_context
+    from gpu_tune.tune.engine import audit, make_context
 
     prof = _profile(g, profile)
     fs = _fs(g)
@@ -339,7 +339,7 @@ def apply_cmd(
     profile: ProfileOpt = "training",
     dry_run: Annotated[bool, typer.Option("--dry-run", help="Show what would change; change nothing")] = False,
 ) -> int:
-    from .engine import apply, make_context
+    from gpu_tune.tune.engine import apply, make_context
 
     prof = _profile(g, profile)
     fs = _fs(g)
@@ -355,7 +355,7 @@ def apply_cmd(
 
 @command("revert", help="Restore every original recorded by earlier applies. Exit 0 restored, 1 not.")
 def revert_cmd(g: Globals) -> int:
-    from .engine import Context, revert
+    from gpu_tune.tune.engine import Context, revert
 
     fs = _fs(g)
     _check_journal(fs)
@@ -372,7 +372,7 @@ def revert_cmd(g: Globals) -> int:
         if not rows:
             c.print("nothing to revert: no originals recorded")
         else:
-            from .render import settings_table
+            from gpu_tune.views.settings import settings_table
 
             c.print(settings_table(f"revert on {fs.root}", rows, show_changed=True))
             journal = next((r for r in rows if r.id == "journal" and r.status == "error"), None)
@@ -386,13 +386,13 @@ def revert_cmd(g: Globals) -> int:
 
 @command("topology", help="NUMA nodes, CPUs, memory, GPUs, NICs and who is local to whom.")
 def topology_cmd(g: Globals) -> int:
-    from .topology import discover
+    from gpu_tune.discover.topology import discover
 
     topo = discover(_fs(g), _gpu(g))
     if g.output == "json":
         _print_json(topo.as_dict())
     else:
-        from .topology_view import render_topology
+        from gpu_tune.views.topology import render_topology
 
         _console().print(render_topology(topo))
     return 0
@@ -407,8 +407,8 @@ def probe_cmd(
     data: Annotated[Optional[str], typer.Option("--data", metavar="PATH", help="MNIST .npz or IDX folder")] = None,
     timeout: Annotated[Optional[float], typer.Option("--timeout", metavar="S", min=1.0, help="Hard timeout per probe, seconds")] = None,
 ) -> int:
-    from . import probe as probe_mod
-    from .topology import discover
+    from gpu_tune.judge import probe as probe_mod
+    from gpu_tune.discover.topology import discover
 
     _check_gpu_and_data(gpu, data)
     prof = _profile(g, profile)
@@ -420,7 +420,7 @@ def probe_cmd(
     verdicts = probe_mod.run_probes(targets, prof.probe, baselines, data=data, timeout=timeout,
                                     device=device.value, previous=None, gpu_backend=backend)
     passed = bool(verdicts) and all(v.passed for v in verdicts)
-    from .state import save_probe_results
+    from gpu_tune.judge.probe.saved import save_probe_results
 
     err = save_probe_results(fs, prof.name, [v.as_dict() for v in verdicts])
     if err:
@@ -450,8 +450,8 @@ def gain_cmd(
 ) -> int:
     import signal
 
-    from . import gain as gain_mod
-    from .topology import discover
+    from gpu_tune.judge.gain import measure as gain_mod
+    from gpu_tune.discover.topology import discover
 
     _check_gpu_and_data(gpu, data)
     if not 1 <= pairs <= gain_mod.MAX_PAIRS:
@@ -488,7 +488,7 @@ def label_cmd(
     kubeconfig: Annotated[Optional[str], typer.Option("--kubeconfig", envvar="KUBECONFIG", metavar="FILE")] = None,
     dry_run: Annotated[bool, typer.Option("--dry-run", help="Print what would be published; write nothing")] = False,
 ) -> int:
-    from .oneshot import label_once
+    from gpu_tune.cluster.oneshot import label_once
 
     return label_once(g, profile=profile, node=node, kubeconfig=kubeconfig, dry_run=dry_run)
 
@@ -502,8 +502,8 @@ def run_cmd(
     gpu: Annotated[Optional[int], typer.Option("--gpu", min=0, help="GPU index")] = None,
     numa_node: Annotated[Optional[int], typer.Option("--numa-node", min=0, help="NUMA node (no GPU needed)")] = None,
 ) -> int:
-    from . import runner
-    from .topology import discover
+    from gpu_tune.launch import runner
+    from gpu_tune.discover.topology import discover
 
     if gpu is not None and numa_node is not None:
         raise InputError("--gpu and --numa-node: give one, not both")
@@ -537,7 +537,7 @@ def serve_cmd(
     probe_device: Annotated[Device, typer.Option("--probe-device", case_sensitive=False, help="auto, gpu or cpu")] = Device.auto,
     probe_data: Annotated[Optional[str], typer.Option("--probe-data", metavar="PATH", help="MNIST data for the probe")] = None,
 ) -> int:
-    from .service import ServeOptions, serve
+    from gpu_tune.serve.agent import ServeOptions, serve
 
     opts = ServeOptions(
         root=g.root, gpu_backend=g.gpu_backend, gpu_fixture=g.gpu_fixture, policy_dir=g.policy_dir,
@@ -564,8 +564,8 @@ def fleet_cmd(
     chunk_size: Annotated[int, typer.Option("--chunk-size", min=1, metavar="N",
                                             help="Nodes per page of the list call, as kubectl --chunk-size")] = 500,
 ) -> int:
-    from .fleet import fleet_report, render_table
-    from .kube import list_nodes, reader_configuration
+    from gpu_tune.cluster.fleet import fleet_report, render_table
+    from gpu_tune.cluster.publisher import list_nodes, reader_configuration
 
     cfg, source = reader_configuration(kubeconfig, context)
     listing = list_nodes(cfg, selector=selector, page_size=chunk_size, source=source)

@@ -1,5 +1,5 @@
 """``gpu-tune fleet``: every GPU node's readiness as the agents published it. Pure: it judges and
-renders Node objects as the API server returns them (``agent/kube.py`` lists them).
+renders Node objects as the API server returns them (``gpu_tune/cluster/publisher.py`` lists them).
 
 What a node shows, and where it comes from (all written by the agent, CONTRACT §6):
 
@@ -41,7 +41,7 @@ import time
 from dataclasses import dataclass, field
 from typing import Any, Iterable, Mapping
 
-from .labels import (
+from gpu_tune.cluster.labels import (
     ANNOTATION_SUMMARY,
     CONDITION_TYPE,
     LABEL_GPU_COUNT,
@@ -49,8 +49,8 @@ from .labels import (
     LABEL_PROFILE,
     PREFIX,
 )
-from .timestamps import format_rfc3339 as _rfc3339
-from .timestamps import parse_rfc3339 as _epoch
+from gpu_tune.timestamps import format_rfc3339 as _rfc3339
+from gpu_tune.timestamps import parse_rfc3339 as _epoch
 
 GPU_NODE_LABELS = ("nvidia.com/gpu.present", "feature.node.kubernetes.io/pci-10de.present")
 STALE_AFTER_S = 30 * 60.0

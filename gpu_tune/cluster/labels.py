@@ -1,6 +1,6 @@
 """What the Node should carry for a verdict and a topology: labels, annotations, condition, taint.
 
-Pure: no Kubernetes client here (``agent/kube.py`` diffs this against the live Node and writes).
+Pure: no Kubernetes client here (``gpu_tune/cluster/publisher.py`` diffs this against the live Node and writes).
 
 Label keys (all under ``gpu-tune.io/``; values at most 63 characters of ``[A-Za-z0-9._-]``,
 starting and ending with a letter or digit):
@@ -69,9 +69,9 @@ import re
 from dataclasses import dataclass
 from typing import Any, Iterable, Mapping, Sequence
 
-from .probe_figures import identity as probe_identity
-from .probe_figures import number as _number
-from .probe_figures import result_of
+from gpu_tune.judge.figures import identity as probe_identity
+from gpu_tune.judge.figures import number as _number
+from gpu_tune.judge.figures import result_of
 
 PREFIX = "gpu-tune.io/"
 FORBIDDEN_PREFIXES = ("nvidia.com/", "feature.node.kubernetes.io/")

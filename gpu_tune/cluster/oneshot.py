@@ -3,7 +3,7 @@
 The probe is not run here (it takes seconds to minutes); the latest verdicts saved by
 ``gpu-tune probe`` or the agent are used, and their absence is a failed probe check.
 
-The verdict is the agent's (:func:`agent.readiness.verdict`, judged the way ``serve`` judges a
+The verdict is the agent's (:func:`gpu_tune.judge.readiness.verdict`, judged the way ``serve`` judges a
 pass): the Node is read first, so the device plugin's capacity (``gpu.allocatable``) and the
 labels saying the node has GPUs (``gpu.visible``) are judged here too, and the condition names
 the same checks as the printed verdict.
@@ -17,16 +17,16 @@ from typing import Any
 
 
 def label_once(g: Any, *, profile: str, node: str | None, kubeconfig: str | None, dry_run: bool) -> int:
-    from . import engine
-    from .gpu import select_backend
-    from .hostfs import HostFS
-    from .kube import make_publisher
-    from .labels import desired_node_state
-    from .policy import load_profile
-    from .readiness import verdict
-    from .service import node_name
-    from .state import load_probe_results
-    from .topology import discover
+    from gpu_tune.tune import engine
+    from gpu_tune.gpu import select_backend
+    from gpu_tune.host.fs import HostFS
+    from gpu_tune.cluster.publisher import make_publisher
+    from gpu_tune.cluster.labels import desired_node_state
+    from gpu_tune.tune.policy import load_profile
+    from gpu_tune.judge.readiness import verdict
+    from gpu_tune.serve.agent import node_name
+    from gpu_tune.judge.probe.saved import load_probe_results
+    from gpu_tune.discover.topology import discover
 
     prof = load_profile(profile, g.policy_dir)
     fs = HostFS(g.root)

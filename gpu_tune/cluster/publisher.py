@@ -1,4 +1,4 @@
-"""Publish a :class:`~agent.labels.NodeWant` to the Node: labels, annotations, taint, condition, Events.
+"""Publish a :class:`~gpu_tune.cluster.labels.NodeWant` to the Node: labels, annotations, taint, condition, Events.
 
 The only module that imports the ``kubernetes`` package, and only inside the functions that talk
 to a cluster, so commands that never publish do not pay for the import.
@@ -52,8 +52,8 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Callable, Protocol
 
-from .errors import GpuTuneError, InputError
-from .labels import (
+from gpu_tune.errors import GpuTuneError, InputError
+from gpu_tune.cluster.labels import (
     ANNOTATION_OWNED,
     CONDITION_TYPE,
     FORBIDDEN_PREFIXES,
@@ -84,7 +84,7 @@ GPU_RESOURCE = "nvidia.com/gpu"  # the NVIDIA device plugin's extended resource
 # Labels others put on a Node that has NVIDIA GPUs: node-feature-discovery (PCI vendor 10de) and
 # the GPU Operator's feature discovery. Read, never written.
 GPU_PRESENT_LABELS = ("feature.node.kubernetes.io/pci-10de.present", "nvidia.com/gpu.present")
-# The label that overrides the agent's --mode on one Node (see agent/service.py, docs/deploy.md).
+# The label that overrides the agent's --mode on one Node (see gpu_tune/serve/agent.py, docs/deploy.md).
 MODE_LABEL = PREFIX + "mode"
 
 
@@ -207,7 +207,7 @@ def find_condition(node: dict[str, Any], ctype: str = CONDITION_TYPE) -> dict[st
 
 def _age_s(stamp: Any, now_ts: float) -> float | None:
     """Seconds since an RFC 3339 time; None when it cannot be read."""
-    from .timestamps import parse_rfc3339
+    from gpu_tune.timestamps import parse_rfc3339
 
     then = parse_rfc3339(stamp)
     return None if then is None else now_ts - then
@@ -317,7 +317,7 @@ class CoreV1:
     def __init__(self, configuration: Any) -> None:
         from kubernetes import client
 
-        from . import __version__
+        from gpu_tune import __version__
 
         self.client = client.ApiClient(configuration)
         # what the API server's audit log and metrics name the caller by (not the generator's)

@@ -24,7 +24,7 @@ carries its MIG mode (current and pending) from the backend.
 
 With a GPU backend the document also carries the driver version and the CUDA version the driver
 supports, and ``probe_runtime``: the CUDA version the probe's TensorFlow was built for (read from
-the probe's own environment, see :mod:`agent.gpu.cuda`; the container's in the DaemonSet).
+the probe's own environment, see :mod:`gpu_tune.gpu.cuda`; the container's in the DaemonSet).
 Nothing here reads per-IRQ files: IRQs are only listed.
 """
 
@@ -35,13 +35,13 @@ import re
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any, Iterable, Literal
 
-from .errors import HostError
-from .parse import (MAX_CPU, ParseError, format_cpulist, irqs_named, parse_cpulist, parse_cpumask, parse_int,
+from gpu_tune.errors import HostError
+from gpu_tune.host.parse import (MAX_CPU, ParseError, format_cpulist, irqs_named, parse_cpulist, parse_cpumask, parse_int,
                     parse_interrupts, parse_link_speed, parse_link_width, parse_meminfo)
 
 if TYPE_CHECKING:  # pragma: no cover
-    from .gpu.base import GpuBackend, GpuInfo
-    from .hostfs import HostFS
+    from gpu_tune.gpu.base import GpuBackend, GpuInfo
+    from gpu_tune.host.fs import HostFS
 
 log = logging.getLogger("gpu_tune")
 
@@ -143,7 +143,7 @@ class Topology:
     warnings: tuple[str, ...] = ()
     driver_version: str | None = None
     cuda_driver_version: str | None = None  # the newest CUDA the driver supports ("12.8")
-    probe_runtime: dict[str, Any] | None = None  # agent.gpu.cuda.FrameworkBuild.as_dict()
+    probe_runtime: dict[str, Any] | None = None  # gpu_tune.gpu.cuda.FrameworkBuild.as_dict()
 
     def gpu(self, index: int) -> PciDevice | None:
         for g in self.gpus:
@@ -478,7 +478,7 @@ def discover(fs: "HostFS", gpus: "GpuBackend | Iterable[GpuInfo] | None" = None)
         local_nics[g.address] = tuple(_nic_name(n) for n in nic_devs if n.numa_node == g.numa_node)
 
     driver, cuda = _driver_versions(backend, warnings)
-    from .gpu.cuda import probe_framework_build
+    from gpu_tune.gpu.cuda import probe_framework_build
 
     return Topology(
         numa_nodes=nodes, cpus_online=cpus_online, sockets=sockets, cpu_model=model,

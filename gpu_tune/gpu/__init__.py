@@ -8,8 +8,8 @@ from __future__ import annotations
 
 import logging
 
-from ..errors import InputError
-from .base import GpuBackend, GpuError, GpuInfo
+from gpu_tune.errors import InputError
+from gpu_tune.gpu.base import GpuBackend, GpuError, GpuInfo
 
 log = logging.getLogger("gpu_tune")
 
@@ -25,24 +25,24 @@ def select_backend(name: str = "auto", fixture: str | None = None) -> GpuBackend
     if name == "fixture" or (name == "auto" and fixture):
         if not fixture:
             raise InputError("--gpu-backend fixture needs --gpu-fixture FILE (env GPU_TUNE_GPU_FIXTURE)")
-        from .fixture import FixtureBackend
+        from gpu_tune.gpu.fixture import FixtureBackend
 
         backend = FixtureBackend(fixture)
         if name == "auto":
             backend.reason = f"auto: --gpu-fixture {fixture} given"
     elif name == "none":
-        from .null import NullBackend
+        from gpu_tune.gpu.null import NullBackend
 
         backend = NullBackend("--gpu-backend none")
     else:
-        from .nvml import NvmlBackend, NvmlUnavailable
+        from gpu_tune.gpu.nvml import NvmlBackend, NvmlUnavailable
 
         try:
             backend = NvmlBackend()
         except NvmlUnavailable as exc:
             if name == "nvml":
                 raise InputError(f"--gpu-backend nvml: NVML is not usable on this host: {exc}") from None
-            from .null import NullBackend
+            from gpu_tune.gpu.null import NullBackend
 
             backend = NullBackend(f"auto: NVML unavailable ({exc}); no NVIDIA GPU/driver")
         else:

@@ -56,7 +56,7 @@ class GpuInfo:
 
 @runtime_checkable
 class GpuBackend(Protocol):
-    """Chosen once at start (see :func:`agent.gpu.select_backend`)."""
+    """Chosen once at start (see :func:`gpu_tune.gpu.select_backend`)."""
 
     name: str  # "nvml" | "fixture" | "none"
     reason: str  # why it was chosen, logged once

@@ -8,7 +8,7 @@ plain dict in older releases), with ``is_cuda_build`` and, for a CUDA build, ``c
 (``12.5.1``; Windows builds write ``64_112``) and ``cudnn_version``.
 
 The probe runs in this process's own Python environment (``sys.executable -m
-workload.mnist_probe``), so the TensorFlow found here is the probe's: in the DaemonSet, the
+gpu_tune.workload.mnist_probe``), so the TensorFlow found here is the probe's: in the DaemonSet, the
 container's, not the host's.
 """
 

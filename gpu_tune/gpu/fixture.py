@@ -21,9 +21,9 @@ from dataclasses import fields
 from pathlib import Path
 from typing import Any
 
-from ..errors import InputError
-from ..parse import ParseError, nesting, parse_cpulist
-from .base import GpuError, GpuInfo
+from gpu_tune.errors import InputError
+from gpu_tune.host.parse import ParseError, nesting, parse_cpulist
+from gpu_tune.gpu.base import GpuError, GpuInfo
 
 REQUIRED = ("index", "uuid", "name", "pci_bus_id")
 _FIELDS = {f.name for f in fields(GpuInfo)} - {"extra", "error", "error_kind"}
@@ -111,7 +111,7 @@ def _check_types(p: Path, i: int, g: dict[str, Any]) -> None:
 
 
 def _normalize_bus_id(bus_id: str) -> str:
-    from ..topology import normalize_bus_id
+    from gpu_tune.discover.topology import normalize_bus_id
 
     return normalize_bus_id(bus_id)
 
@@ -233,7 +233,7 @@ class FixtureBackend:
 
     # -- writing back ---------------------------------------------------------------------------
     def _write(self) -> None:
-        from ..hostfs import atomic_write
+        from gpu_tune.host.fs import atomic_write
 
         data = (json.dumps(self._data, indent=2) + "\n").encode()
         p = self.path

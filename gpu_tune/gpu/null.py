@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from .base import GpuError, GpuInfo
+from gpu_tune.gpu.base import GpuError, GpuInfo
 
 
 class NullBackend:

@@ -20,7 +20,7 @@ import logging
 import os
 from typing import Any, Callable
 
-from .base import GpuError, GpuInfo
+from gpu_tune.gpu.base import GpuError, GpuInfo
 
 log = logging.getLogger("gpu_tune")
 
@@ -324,6 +324,6 @@ def _key(handle: Any) -> Any:
 
 
 def _norm(bus_id: str) -> str:
-    from ..topology import normalize_bus_id
+    from gpu_tune.discover.topology import normalize_bus_id
 
     return normalize_bus_id(bus_id)

@@ -30,7 +30,7 @@ import stat
 import tempfile
 from pathlib import Path
 
-from .errors import HostError, InputError
+from gpu_tune.errors import HostError, InputError
 
 # Filesystems whose files are kernel interfaces: a write is a request, not a byte copy.
 KERNEL_FS_TYPES = frozenset({"proc", "sysfs", "cgroup", "cgroup2", "debugfs", "securityfs", "configfs"})

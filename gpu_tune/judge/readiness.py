@@ -260,7 +260,7 @@ def gpu_checks(gpus: Iterable[Any], *, want_persistence: bool = False,
 def driver_cuda_check(topology: Mapping[str, Any] | None, gpus: Sequence[Any] = ()) -> Check | None:
     """The driver's CUDA version (NVML) against the CUDA version the probe's TensorFlow was built
     for (``topology["probe_runtime"]``). Not listed on a node without NVIDIA GPUs."""
-    from .gpu.cuda import cuda_major_minor
+    from gpu_tune.gpu.cuda import cuda_major_minor
 
     name = "gpu.driver_cuda"
     topo = topology or {}

@@ -1,5 +1,5 @@
 """Bind this process to CPUs and a NUMA node's memory, then exec a command (numactl's job, for
-hosts without numactl): ``python -m agent.bind --cpus 0-55 [--node 0] -- CMD ARGS...``.
+hosts without numactl): ``python -m gpu_tune.launch.bind --cpus 0-55 [--node 0] -- CMD ARGS...``.
 
 CPU affinity through ``os.sched_setaffinity``; memory through the ``set_mempolicy(MPOL_BIND)``
 system call (ctypes, no libnuma needed). Both survive ``execvp``. A failure prints one line on
@@ -38,7 +38,7 @@ def set_membind(node: int) -> None:
 
 
 def main(argv: list[str] | None = None) -> int:
-    from .parse import ParseError, parse_cpulist
+    from gpu_tune.host.parse import ParseError, parse_cpulist
 
     args = list(sys.argv[1:] if argv is None else argv)
     cpus_text: str | None = None
@@ -55,36 +55,36 @@ def main(argv: list[str] | None = None) -> int:
                 cpus_text = args[i + 1]
             else:
                 if not args[i + 1].isdigit():
-                    print(f"agent.bind: --node {args[i + 1]!r}: expected a node number", file=sys.stderr)
+                    print(f"gpu_tune.launch.bind: --node {args[i + 1]!r}: expected a node number", file=sys.stderr)
                     return 2
                 node = int(args[i + 1])
             i += 2
             continue
-        print(f"agent.bind: unexpected argument {a!r} (usage: --cpus LIST [--node K] -- CMD ...)", file=sys.stderr)
+        print(f"gpu_tune.launch.bind: unexpected argument {a!r} (usage: --cpus LIST [--node K] -- CMD ...)", file=sys.stderr)
         return 2
     if not cmd:
-        print("agent.bind: no command given after --", file=sys.stderr)
+        print("gpu_tune.launch.bind: no command given after --", file=sys.stderr)
         return 2
     try:
         if cpus_text:
             try:
                 cpus = parse_cpulist(cpus_text)
             except (ParseError, ValueError) as exc:
-                print(f"agent.bind: --cpus {cpus_text!r}: {exc}", file=sys.stderr)
+                print(f"gpu_tune.launch.bind: --cpus {cpus_text!r}: {exc}", file=sys.stderr)
                 return 2
             os.sched_setaffinity(0, cpus)
         if node is not None:
             set_membind(node)
     except OSError as exc:
-        print(f"agent.bind: {exc.strerror or exc}", file=sys.stderr)
+        print(f"gpu_tune.launch.bind: {exc.strerror or exc}", file=sys.stderr)
         return 2
     try:
         os.execvp(cmd[0], cmd)
     except FileNotFoundError:
-        print(f"agent.bind: {cmd[0]}: command not found", file=sys.stderr)
+        print(f"gpu_tune.launch.bind: {cmd[0]}: command not found", file=sys.stderr)
         return 127
     except OSError as exc:
-        print(f"agent.bind: {cmd[0]}: {exc.strerror or exc}", file=sys.stderr)
+        print(f"gpu_tune.launch.bind: {cmd[0]}: {exc.strerror or exc}", file=sys.stderr)
         return 126
     return 0  # pragma: no cover - execvp does not return
 

@@ -3,11 +3,11 @@ its GPU's NUMA node (CPU affinity to the node's CPUs, memory bound to the node) 
 profile's allocator preload.
 
 Binding uses ``numactl --physcpubind=<cpus> --membind=<node> --`` when numactl is installed, else
-``python -m agent.bind`` (sched_setaffinity + set_mempolicy(MPOL_BIND), then exec).
+``python -m gpu_tune.launch.bind`` (sched_setaffinity + set_mempolicy(MPOL_BIND), then exec).
 
 Two path worlds: the jemalloc preloaded here must exist in *this process's* filesystem (the
 container, in the DaemonSet), so it is looked up in this process's library folders, never under
-``--root``; see :data:`LocalPath` versus :data:`agent.knobs.allocator.HostPath`.
+``--root``; see :data:`LocalPath` versus :data:`gpu_tune.tune.knobs.allocator.HostPath`.
 """
 
 from __future__ import annotations
@@ -19,12 +19,12 @@ import sys
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Mapping, NewType, NoReturn
 
-from .errors import CommandNotRunnable, InputError
-from .parse import format_cpulist
+from gpu_tune.errors import CommandNotRunnable, InputError
+from gpu_tune.host.parse import format_cpulist
 
 if TYPE_CHECKING:  # pragma: no cover
-    from .policy import Profile
-    from .topology import Topology
+    from gpu_tune.tune.policy import Profile
+    from gpu_tune.discover.topology import Topology
 
 log = logging.getLogger("gpu_tune")
 
@@ -96,7 +96,7 @@ def bind_prefix(binding: Binding) -> list[str]:
         if binding.numa_node is not None:
             out.append(f"--membind={binding.numa_node}")
         return out + ["--"]
-    out = [sys.executable, "-m", "agent.bind"]
+    out = [sys.executable, "-m", "gpu_tune.launch.bind"]
     if cpus:
         out += ["--cpus", cpus]
     if binding.numa_node is not None:

@@ -28,11 +28,11 @@ import time
 from dataclasses import dataclass, field
 from typing import Any, Callable
 
-from . import __version__
-from .snapshot import AgentState, CollectorStatus, Snapshot
-from .errors import InputError
-from .knobs import fixable
-from .readiness import Verdict, verdict
+from gpu_tune import __version__
+from gpu_tune.serve.snapshot import AgentState, CollectorStatus, Snapshot
+from gpu_tune.errors import InputError
+from gpu_tune.tune.knobs import fixable
+from gpu_tune.judge.readiness import Verdict, verdict
 
 log = logging.getLogger("gpu_tune")
 
@@ -139,25 +139,25 @@ class Stages:
 
 def default_stages(options: ServeOptions) -> Stages:
     """The real stages over the host under ``options.root``. Raises InputError on bad input."""
-    from . import engine
-    from .gpu import select_backend
-    from .hostfs import HostFS
-    from .labels import desired_node_state
-    from .policy import default_policy_dir, load_profile
-    from .state import load_probe_results, save_probe_results
+    from gpu_tune.tune import engine
+    from gpu_tune.gpu import select_backend
+    from gpu_tune.host.fs import HostFS
+    from gpu_tune.cluster.labels import desired_node_state
+    from gpu_tune.tune.policy import default_policy_dir, load_profile
+    from gpu_tune.judge.probe.saved import load_probe_results, save_probe_results
 
     fs = HostFS(options.root)
     profile = load_profile(options.profile, options.policy_dir)
     backend = select_backend(options.gpu_backend, options.gpu_fixture)
     log.info("GPU backend %s: %s", getattr(backend, "name", "?"), getattr(backend, "reason", ""))
     node = node_name(options.node)
-    from .kube import make_publisher
+    from gpu_tune.cluster.publisher import make_publisher
 
     publisher = make_publisher(node, options.kubeconfig, options.no_kube)
     policy_dir = options.policy_dir or default_policy_dir()
 
     def discover():
-        from .topology import discover as _discover
+        from gpu_tune.discover.topology import discover as _discover
 
         return _discover(fs, backend)
 
@@ -183,7 +183,7 @@ def default_stages(options: ServeOptions) -> Stages:
         log.info("previous probe verdicts loaded for %s", ", ".join(sorted(saved)))
 
     def probe(topology, previous):
-        from . import probe as _probe
+        from gpu_tune.judge import probe as _probe
 
         if "b" not in baselines_cache:
             baselines_cache["b"] = _probe.load_baselines(policy_dir)
@@ -196,7 +196,7 @@ def default_stages(options: ServeOptions) -> Stages:
         verdicts = _probe.run_probes(targets, profile.probe, baselines_cache["b"], data=options.probe_data,
                                      timeout=None, device=options.probe_device, previous=prev or None,
                                      gpu_backend=backend)
-        from .probe.run import stopping
+        from gpu_tune.judge.probe.run import stopping
 
         if stopping():  # killed by SIGTERM: not a verdict on the node, never saved
             raise RuntimeError("the agent is stopping: probe run cut short")
@@ -220,7 +220,7 @@ def default_stages(options: ServeOptions) -> Stages:
         return engine.revert(engine.make_context(fs, profile, backend))
 
     def gain(topology):
-        from .gain import measure_gain
+        from gpu_tune.judge.gain.measure import measure_gain
 
         return measure_gain(fs=fs, profile=profile, backend=backend, topology=topology, gpu=None,
                             pairs=profile.gain.pairs, keep=True, force=False, data=options.probe_data,
@@ -566,7 +566,7 @@ class Agent:
                 results.append(d)
                 raw[str(d.get("gpu"))] = v
                 if d.get("passed"):
-                    from .timestamps import parse_rfc3339
+                    from gpu_tune.timestamps import parse_rfc3339
 
                     new.last_success[str(d.get("gpu"))] = parse_rfc3339(d.get("finished_at")) or self.clock()
             new.results, new.raw, new.error = tuple(results), raw, None
@@ -648,8 +648,8 @@ def serve(options: ServeOptions, *, stages: Stages | None = None,
     """Run the agent until SIGTERM/SIGINT; return 0. ``stages`` replaces :func:`default_stages`."""
     import uvicorn
 
-    from . import httpserver
-    from .app import create_app
+    from gpu_tune.serve import httpserver
+    from gpu_tune.serve.app import create_app
 
     options.validate()
     stages = stages or default_stages(options)
@@ -666,7 +666,7 @@ def serve(options: ServeOptions, *, stages: Stages | None = None,
     config = httpserver.config(app)
     server = uvicorn.Server(config)
 
-    from .probe.run import stop_all
+    from gpu_tune.judge.probe.run import stop_all
 
     def on_signal(signum, frame):  # uvicorn re-raises the signal it caught after shutting down
         stop_all()  # a running probe's process group dies now: the exit fits the grace period

@@ -1,7 +1,7 @@
 """The read-only HTTP API (CONTRACT §4), answered from the latest immutable snapshot.
 
 A request never runs an audit or a probe and never changes the host: every body is rendered
-once when the loop publishes a snapshot (``agent/snapshot.py``), so a request returns prepared
+once when the loop publishes a snapshot (``gpu_tune/serve/snapshot.py``), so a request returns prepared
 bytes.
 """
 
@@ -13,9 +13,9 @@ from fastapi.responses import JSONResponse, Response
 from pydantic import BaseModel
 from starlette.exceptions import HTTPException as StarletteHTTPException
 
-from . import __version__
-from .snapshot import AgentState
-from .snapshot import dumps as _dumps
+from gpu_tune import __version__
+from gpu_tune.serve.snapshot import AgentState
+from gpu_tune.serve.snapshot import dumps as _dumps
 
 PROM_CONTENT_TYPE = "text/plain; version=0.0.4; charset=utf-8"
 JSON_CONTENT_TYPE = "application/json"

@@ -46,14 +46,14 @@ from prometheus_client import CollectorRegistry, generate_latest
 from prometheus_client.core import GaugeMetricFamily
 from prometheus_client.registry import Collector
 
-from . import __version__
-from .probe_figures import identity as probe_identity
-from .probe_figures import number as _num
-from .probe_figures import result_of
-from .probe_figures import throughput as probe_throughput
+from gpu_tune import __version__
+from gpu_tune.judge.figures import identity as probe_identity
+from gpu_tune.judge.figures import number as _num
+from gpu_tune.judge.figures import result_of
+from gpu_tune.judge.figures import throughput as probe_throughput
 
 if TYPE_CHECKING:  # pragma: no cover
-    from .snapshot import Snapshot
+    from gpu_tune.serve.snapshot import Snapshot
 
 GPU_LABELS = ("gpu", "UUID", "pci_bus_id", "modelName", "Hostname", "numa_node")
 # Statuses in the order their series are written (CONTRACT §3); others follow by name.

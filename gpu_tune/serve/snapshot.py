@@ -3,7 +3,7 @@
 
 Every body the API serves (readiness, audit, topology, probe, the Prometheus exposition) is
 rendered once here, when the loop builds a snapshot, so a request only returns prepared bytes.
-The HTTP layer (``agent/app.py``) and the exposition (``agent/metrics.py``) both depend on this
+The HTTP layer (``gpu_tune/serve/app.py``) and the exposition (``gpu_tune/serve/metrics.py``) both depend on this
 module; it depends on neither's web framework.
 """
 
@@ -15,9 +15,9 @@ import time
 from dataclasses import dataclass, field
 from typing import Any, Mapping
 
-from .metrics import render_metrics
-from .readiness import Verdict
-from .timestamps import format_rfc3339 as rfc3339
+from gpu_tune.serve.metrics import render_metrics
+from gpu_tune.judge.readiness import Verdict
+from gpu_tune.timestamps import format_rfc3339 as rfc3339
 
 
 def dumps(obj: Any) -> bytes:

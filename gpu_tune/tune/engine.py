@@ -15,12 +15,12 @@ import time
 from contextlib import ExitStack
 from typing import Collection, Iterable, Sequence
 
-from .errors import GpuTuneError, HostError, UnsupportedWrite
-from .gpu.base import GpuError
-from .hostfs import HostFS
-from .journal import JOURNAL, Journal, locked
-from .knobs import BY_FAMILY, KNOBS, Context, Knob, fixable, knob_for
-from .model import Report, Setting
+from gpu_tune.errors import GpuTuneError, HostError, UnsupportedWrite
+from gpu_tune.gpu.base import GpuError
+from gpu_tune.host.fs import HostFS
+from gpu_tune.tune.journal import JOURNAL, Journal, locked
+from gpu_tune.tune.knobs import BY_FAMILY, KNOBS, Context, Knob, fixable, knob_for
+from gpu_tune.tune.model import Report, Setting
 
 log = logging.getLogger("gpu_tune")
 

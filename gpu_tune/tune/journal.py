@@ -19,8 +19,8 @@ from contextlib import contextmanager
 from datetime import datetime, timezone
 from typing import Any, Iterator
 
-from .errors import HostError, InputError, LockBusy
-from .hostfs import HostFS
+from gpu_tune.errors import HostError, InputError, LockBusy
+from gpu_tune.host.fs import HostFS
 
 STATE_DIR = "/var/lib/gpu-tune"
 JOURNAL = f"{STATE_DIR}/journal.json"

@@ -15,8 +15,8 @@ from typing import Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
 
-from .errors import InputError
-from .parse import ParseError, nesting, parse_cpulist
+from gpu_tune.errors import InputError
+from gpu_tune.host.parse import ParseError, nesting, parse_cpulist
 
 NAME_RE = re.compile(r"[a-z0-9][a-z0-9_-]{0,62}")
 # Patterns are matched whole (``fullmatch``): ``$`` would let a trailing newline through.
@@ -354,11 +354,11 @@ def default_policy_dir() -> Path:
     env = os.environ.get("GPU_TUNE_POLICY_DIR")
     if env:
         return Path(env)
-    here = Path(__file__).resolve().parent
-    src = here.parent / "policies"  # a source checkout or editable install
-    if (src / "training.yaml").exists():
-        return src
-    return here / "policies"  # installed as package data
+    package = Path(__file__).resolve().parents[1]  # gpu_tune/
+    installed = package / "policies"  # installed from a wheel: package data
+    if (installed / "training.yaml").exists():
+        return installed
+    return package.parent / "policies"  # a source checkout or an editable install
 
 
 def _decode_error(path: Path, exc: UnicodeDecodeError) -> InputError:

@@ -4,9 +4,9 @@ from __future__ import annotations
 
 from typing import Any, Sequence
 
-from .baselines import REGIME_WORDS
-from .judge import regime_figures
-from .run import ProbeVerdict
+from gpu_tune.judge.probe.baselines import REGIME_WORDS
+from gpu_tune.judge.probe.judge import regime_figures
+from gpu_tune.judge.probe.run import ProbeVerdict
 
 # Timing keys shown in the "seconds" row, in the order they happen, with their short names.
 TIMING_ROWS = (("tensorflow_import_seconds", "import"), ("launch_bound_compile_seconds", "compile"),

@@ -5,8 +5,8 @@ from __future__ import annotations
 import re
 from typing import Iterable
 
-from .model import Setting
-from .parse import format_cpulist
+from gpu_tune.tune.model import Setting
+from gpu_tune.host.parse import format_cpulist
 
 STATUS_STYLE = {
     "ok": "green",

@@ -8,8 +8,8 @@ from __future__ import annotations
 from rich.text import Text
 from rich.tree import Tree
 
-from .parse import format_cpulist
-from .topology import PciDevice, Topology
+from gpu_tune.host.parse import format_cpulist
+from gpu_tune.discover.topology import PciDevice, Topology
 
 
 def _gib(kib: int | None) -> str:

@@ -1,7 +1,7 @@
 """The readiness probe workload: MNIST on a small CNN, run in its own process.
 
-This package is the only place TensorFlow is imported (``workload.train``). The data loaders
-(``workload.data``) and the in-process host facts (``workload.hostinfo``) need NumPy only.
+This package is the only place TensorFlow is imported (``gpu_tune.workload.train``). The data loaders
+(``gpu_tune.workload.data``) and the in-process host facts (``gpu_tune.workload.hostinfo``) need NumPy only.
 """
 
 # Bumped whenever the probe's fixed work or its numerics change: results (and fingerprints) of

@@ -1,6 +1,6 @@
 """Side-by-side training throughput: the probe's launch-bound loop against the field notes' code.
 
-``python -m workload.compare [--device cpu|gpu|auto] [--repeats N] [--seconds S] [--batch-size N]``
+``python -m gpu_tune.workload.compare [--device cpu|gpu|auto] [--repeats N] [--seconds S] [--batch-size N]``
 prints one JSON document. Per repeat, alternating the order so drift in machine load hits each
 alike, at the same batch size on the same data:
 
@@ -26,7 +26,7 @@ os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
 
 
 def main(argv: list[str] | None = None) -> int:
-    p = argparse.ArgumentParser(prog="python -m workload.compare")
+    p = argparse.ArgumentParser(prog="python -m gpu_tune.workload.compare")
     p.add_argument("--device", choices=("cpu", "gpu", "auto"), default="cpu")
     p.add_argument("--data", default=None)
     p.add_argument("--repeats", type=int, default=3)
@@ -36,8 +36,8 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--no-xla-flip", action="store_true", help="skip the XLA-flipped measurement")
     a = p.parse_args(argv)
 
-    from . import data as mnist_data
-    from . import train as tr
+    from gpu_tune.workload import data as mnist_data
+    from gpu_tune.workload import train as tr
 
     ds = mnist_data.load(a.data, seed=a.seed)
     plan = tr.setup_device(a.device)

@@ -12,7 +12,7 @@ import threading
 import time
 from typing import Any
 
-from agent.parse import format_cpulist  # pure and light: no agent runtime is imported
+from gpu_tune.host.parse import format_cpulist  # pure and light: no agent runtime is imported
 
 
 def _read(path: str) -> str | None:

@@ -1,4 +1,4 @@
-"""The MNIST readiness probe: ``python -m workload.mnist_probe --device cpu|gpu|auto``.
+"""The MNIST readiness probe: ``python -m gpu_tune.workload.mnist_probe --device cpu|gpu|auto``.
 
 Prints ONE JSON document on stdout (all logging goes to stderr). Exit 0 when a result was
 produced, even a failing one (``"ok": false`` with ``"error"`` and ``"error_kind"``: ``input``
@@ -33,9 +33,9 @@ from typing import Any
 
 T_START = time.monotonic()
 
-from . import PROBE_VERSION  # noqa: E402
-from . import data as mnist_data  # noqa: E402  (NumPy only)
-from .hostinfo import NvmlSampler, process_facts  # noqa: E402
+from gpu_tune.workload import PROBE_VERSION  # noqa: E402
+from gpu_tune.workload import data as mnist_data  # noqa: E402  (NumPy only)
+from gpu_tune.workload.hostinfo import NvmlSampler, process_facts  # noqa: E402
 
 TARGET_IMAGES_PER_SECOND = 100_000  # the launch-bound goal for one H100
 BYTES_PER_IMAGE = 28 * 28 + 1  # uint8 pixels + uint8 label: what the host feeds per image
@@ -62,7 +62,7 @@ def _process_age_s() -> float:
 
 
 def _args(argv: list[str] | None) -> argparse.Namespace:
-    p = argparse.ArgumentParser(prog="python -m workload.mnist_probe", description=__doc__.splitlines()[0])
+    p = argparse.ArgumentParser(prog="python -m gpu_tune.workload.mnist_probe", description=__doc__.splitlines()[0])
     p.add_argument("--device", choices=("cpu", "gpu", "auto"), default="auto")
     p.add_argument("--data", default=None, help="mnist.npz, an IDX directory, or mnist_5k.csv.gz")
     p.add_argument("--train-steps", type=int, default=80, help="steps of the correctness run (fixed work)")
@@ -183,7 +183,7 @@ def run(a: argparse.Namespace) -> dict[str, Any]:
 
     t = time.perf_counter()
     try:
-        from . import train as tr  # the TensorFlow import: seconds
+        from gpu_tune.workload import train as tr  # the TensorFlow import: seconds
     except ImportError as exc:  # train.TensorFlowMissing, or TensorFlow's own import failing
         res.update(error=str(exc), error_kind="dependency")
         return finish()

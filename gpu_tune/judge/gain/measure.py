@@ -7,16 +7,16 @@ tunes), each run in its own process as a job would run:
   original restored), the probe process unbound (no CPU or memory binding) and with the system
   allocator (no ``LD_PRELOAD``);
 - **tuned**: the profile applied, the probe bound to its GPU's NUMA node with the profile's
-  allocator preload, exactly as ``gpu-tune run`` launches jobs (:mod:`agent.runner`).
+  allocator preload, exactly as ``gpu-tune run`` launches jobs (:mod:`gpu_tune.launch.runner`).
 
 Runs are interleaved A/B/B/A/A/B… (pair *i* is untuned-then-tuned for even *i*, tuned-then-untuned
 for odd *i*), so drift, warm-up and a neighbour's load fall on both sides. Every switch goes through
-the engine: to tuned is :func:`agent.engine.apply` (originals journalled before any write), to
-untuned is :func:`agent.engine.revert`. A SIGKILL at any moment therefore loses nothing:
+the engine: to tuned is :func:`gpu_tune.tune.engine.apply` (originals journalled before any write), to
+untuned is :func:`gpu_tune.tune.engine.revert`. A SIGKILL at any moment therefore loses nothing:
 ``gpu-tune revert`` restores every original byte for byte. At the end the host is left as it was
 found (tuned when the journal held originals at the start, else untuned), or tuned with ``keep``.
 
-The statistics are in :mod:`agent.gain_stats`. Nothing here imports TensorFlow.
+The statistics are in :mod:`gpu_tune.judge.gain.stats`. Nothing here imports TensorFlow.
 """
 
 from __future__ import annotations
@@ -28,9 +28,9 @@ import time
 from dataclasses import dataclass, field, replace
 from typing import Any, Callable, Sequence
 
-from .errors import GpuTuneError, InputError
-from .gain_stats import GAIN, INCONCLUSIVE, LOSS, SAME, compare
-from .parse import format_cpulist
+from gpu_tune.errors import GpuTuneError, InputError
+from gpu_tune.judge.gain.stats import GAIN, INCONCLUSIVE, LOSS, SAME, compare
+from gpu_tune.host.parse import format_cpulist
 
 log = logging.getLogger("gpu_tune")
 
@@ -86,7 +86,7 @@ def plan_gain_targets(topology: Any, profile: Any, backend: Any, *, gpu: str | N
     """The tuned targets are the probe's own (bound as ``gpu-tune run`` binds); each untuned twin
     runs the same device unbound with the system allocator. Raises :class:`GainRefused` for a busy
     GPU (unless ``force``) or a target that cannot be bound here."""
-    from . import probe as probe_mod
+    from gpu_tune.judge import probe as probe_mod
 
     gpus = [g for g in (getattr(topology, "gpus", None) or []) if getattr(g, "gpu_index", None) is not None]
     if gpus:
@@ -143,7 +143,7 @@ def _figures(result: dict[str, Any]) -> dict[str, float | None]:
 def run_side(target: Any, policy: Any, *, device: str, data: str | None, window: float | None,
              timeout: float, module: str | None = None) -> dict[str, Any]:
     """Run the workload once for ``target``; the run's figures, or its failure, as a document."""
-    from .probe.run import WORKLOAD_MODULE, _child_env, run_once, workload_args
+    from gpu_tune.judge.probe.run import WORKLOAD_MODULE, _child_env, run_once, workload_args
 
     module = module or os.environ.get("GPU_TUNE_PROBE_MODULE") or WORKLOAD_MODULE
     cmd = list(target.prefix) + [sys.executable, "-m", module, "--device", device] + workload_args(policy)
@@ -184,7 +184,7 @@ class Switcher:
     log: list[dict[str, Any]] = field(default_factory=list)
 
     def to(self, side: str) -> None:
-        from . import engine
+        from gpu_tune.tune import engine
 
         if side == self.state:
             return
@@ -207,7 +207,7 @@ class Switcher:
 def found_state(fs: Any) -> str:
     """``tuned`` when the journal holds originals (an earlier apply left the host tuned), else
     ``untuned``."""
-    from .journal import Journal
+    from gpu_tune.tune.journal import Journal
 
     return TUNED if Journal(fs).load().entries else UNTUNED
 
@@ -218,7 +218,7 @@ def measure_gain(*, fs: Any, profile: Any, backend: Any, topology: Any, gpu: str
                  runner: Callable[..., dict[str, Any]] = run_side,
                  progress: Callable[[str], None] | None = None) -> dict[str, Any]:
     """Plan, run the interleaved pairs, restore, judge. Returns the ``gpu-tune gain -o json`` document."""
-    from . import engine
+    from gpu_tune.tune import engine
 
     if not 1 <= int(pairs) <= MAX_PAIRS:
         raise InputError(f"--pairs {pairs}: expected 1..{MAX_PAIRS}")
@@ -258,7 +258,7 @@ def measure_gain(*, fs: Any, profile: Any, backend: Any, topology: Any, gpu: str
 
 
 def _rfc3339(t: float) -> str:
-    from .timestamps import format_rfc3339
+    from gpu_tune.timestamps import format_rfc3339
 
     return format_rfc3339(t)
 

@@ -7,15 +7,15 @@
 - :mod:`.baselines`: ``policies/baselines.yaml``;
 - :mod:`.render`: the ``gpu-tune probe`` table.
 
-TensorFlow is never imported here: the workload (``workload.mnist_probe``) runs in its own process.
+TensorFlow is never imported here: the workload (``gpu_tune.workload.mnist_probe``) runs in its own process.
 """
 
-from .baselines import (REGIMES, Baseline, Baselines, FingerprintPin, RegimeBaseline, load_baselines,
+from gpu_tune.judge.probe.baselines import (REGIMES, Baseline, Baselines, FingerprintPin, RegimeBaseline, load_baselines,
                         normalize_pci_device)
-from .judge import Judgement, judge, regime_figures
-from .plan import MIG_SKIP, ProbeTarget, _allowed_mems, plan_targets
-from .render import render_probe_table
-from .run import STATUSES, WORKLOAD_MODULE, ProbeVerdict, run_once, run_probes, workload_args
+from gpu_tune.judge.probe.judge import Judgement, judge, regime_figures
+from gpu_tune.judge.probe.plan import MIG_SKIP, ProbeTarget, _allowed_mems, plan_targets
+from gpu_tune.views.probe import render_probe_table
+from gpu_tune.judge.probe.run import STATUSES, WORKLOAD_MODULE, ProbeVerdict, run_once, run_probes, workload_args
 
 __all__ = [
     "MIG_SKIP", "REGIMES", "STATUSES", "WORKLOAD_MODULE", "Baseline", "Baselines", "FingerprintPin", "Judgement",

@@ -22,9 +22,9 @@ from typing import Any
 
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
 
-from ..errors import InputError
-from ..policy import default_policy_dir, read_yaml
-from ..probe_figures import REGIMES  # one list for the judge, the metrics and the node summary
+from gpu_tune.errors import InputError
+from gpu_tune.tune.policy import default_policy_dir, read_yaml
+from gpu_tune.judge.figures import REGIMES  # one list for the judge, the metrics and the node summary
 
 REGIME_WORDS = {"launch_bound": "launch-bound", "device_bound": "device-bound"}
 FINGERPRINT_RE = re.compile(r"^[0-9a-f]{16}$")

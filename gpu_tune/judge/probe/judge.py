@@ -12,12 +12,12 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Any, Mapping
 
-from ..parse import ParseError, format_cpulist, parse_cpulist
-from ..policy import ProbePolicy
-from ..probe_figures import number as _num
-from ..probe_figures import regimes
-from .baselines import REGIME_WORDS, REGIMES, Baseline, Baselines
-from .plan import ProbeTarget
+from gpu_tune.host.parse import ParseError, format_cpulist, parse_cpulist
+from gpu_tune.tune.policy import ProbePolicy
+from gpu_tune.judge.figures import number as _num
+from gpu_tune.judge.figures import regimes
+from gpu_tune.judge.probe.baselines import REGIME_WORDS, REGIMES, Baseline, Baselines
+from gpu_tune.judge.probe.plan import ProbeTarget
 
 SDC_MEANING = ("this device computes a different result than healthy peers: possible silent data "
                "corruption or a broken software stack; drain the node and run the GPU vendor's "

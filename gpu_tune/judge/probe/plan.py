@@ -13,9 +13,9 @@ import os
 from dataclasses import dataclass, field
 from typing import Any
 
-from ..errors import InputError
-from ..parse import format_cpulist, parse_cpulist
-from .baselines import normalize_pci_device
+from gpu_tune.errors import InputError
+from gpu_tune.host.parse import format_cpulist, parse_cpulist
+from gpu_tune.judge.probe.baselines import normalize_pci_device
 
 MIG_SKIP = ("MIG mode is enabled on GPU {index}: the probe runs on whole GPUs, so its MIG instances "
             "are not probed (not a failure); disable MIG to probe it")
@@ -96,7 +96,7 @@ def plan_targets(topology: Any, profile: Any, gpu_backend: Any, *, gpu: str | No
     unbound on this process' CPUs unless ``numa_node`` asks for a node. ``--device gpu`` on a
     host without GPUs gives one GPU target that fails clearly (the workload finds no GPU).
     """
-    from .. import runner
+    from gpu_tune.launch import runner
 
     if device not in ("auto", "gpu", "cpu"):
         raise InputError(f"--device {device!r}: expected auto, gpu or cpu")

@@ -1,6 +1,6 @@
 """Running probe targets: one process per target, a hard timeout, bounded retries, verdicts.
 
-Each target runs ``python -m workload.mnist_probe`` in its own process group behind a command
+Each target runs ``python -m gpu_tune.workload.mnist_probe`` in its own process group behind a command
 prefix (the NUMA binder) and an environment (CUDA_VISIBLE_DEVICES, allocator preload). A hard
 timeout kills the whole group. Targets on different NUMA nodes run in parallel, targets on the
 same node one after another. A busy GPU keeps its previous verdict; a failure of the runner
@@ -28,14 +28,14 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Iterable, Mapping, Sequence
 
-from ..errors import InputError
-from ..parse import format_cpulist
-from ..policy import ProbePolicy
-from .baselines import Baselines
-from .judge import judge
-from .plan import ProbeTarget
+from gpu_tune.errors import InputError
+from gpu_tune.host.parse import format_cpulist
+from gpu_tune.tune.policy import ProbePolicy
+from gpu_tune.judge.probe.baselines import Baselines
+from gpu_tune.judge.probe.judge import judge
+from gpu_tune.judge.probe.plan import ProbeTarget
 
-WORKLOAD_MODULE = "workload.mnist_probe"
+WORKLOAD_MODULE = "gpu_tune.workload.mnist_probe"
 STDERR_TAIL_LINES = 25
 STATUSES = ("passed", "failed", "timeout", "crashed", "skipped", "error")
 # TensorFlow's start-up lines that say nothing about the probe's outcome (matched as substrings).
@@ -335,7 +335,7 @@ def run_probes(targets: list[ProbeTarget], policy: ProbePolicy, baselines: Basel
     Targets on different NUMA nodes run in parallel threads; those on the same node (or with
     no known node) one after another. ``previous`` (``{"results": [verdict...]}``, a list of
     verdicts, or ``{label: verdict}``) is what stands for a busy GPU that is skipped.
-    ``workload_module`` (env ``GPU_TUNE_PROBE_MODULE``) replaces ``workload.mnist_probe``.
+    ``workload_module`` (env ``GPU_TUNE_PROBE_MODULE``) replaces ``gpu_tune.workload.mnist_probe``.
     """
     if device not in ("auto", "gpu", "cpu"):
         raise InputError(f"--device {device!r}: expected auto, gpu or cpu")

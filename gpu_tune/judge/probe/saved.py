@@ -11,8 +11,8 @@ import json
 from datetime import datetime, timezone
 from typing import Any
 
-from .errors import HostError
-from .hostfs import HostFS
+from gpu_tune.errors import HostError
+from gpu_tune.host.fs import HostFS
 
 PROBE_STATE = "/var/lib/gpu-tune/probe.json"
 

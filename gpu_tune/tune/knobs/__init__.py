@@ -2,17 +2,17 @@
 
 from __future__ import annotations
 
-from .allocator import AllocatorKnob
-from .base import Context, Knob
-from .cpu_cstates import CpuCstatesKnob
-from .cpu_governor import CpuGovernorKnob
-from .gpu_mig import GpuMigKnob
-from .gpu_persistence import GpuPersistenceKnob
-from .gpudirect import GpuDirectKnob
-from .irq_affinity import IrqAffinityKnob
-from .limits import MemlockKnob
-from .sysctl import SysctlKnob
-from .thp import ThpKnob
+from gpu_tune.tune.knobs.allocator import AllocatorKnob
+from gpu_tune.tune.knobs.base import Context, Knob
+from gpu_tune.tune.knobs.cpu_cstates import CpuCstatesKnob
+from gpu_tune.tune.knobs.cpu_governor import CpuGovernorKnob
+from gpu_tune.tune.knobs.gpu_mig import GpuMigKnob
+from gpu_tune.tune.knobs.gpu_persistence import GpuPersistenceKnob
+from gpu_tune.tune.knobs.gpudirect import GpuDirectKnob
+from gpu_tune.tune.knobs.irq_affinity import IrqAffinityKnob
+from gpu_tune.tune.knobs.limits import MemlockKnob
+from gpu_tune.tune.knobs.sysctl import SysctlKnob
+from gpu_tune.tune.knobs.thp import ThpKnob
 
 KNOBS: tuple[Knob, ...] = (
     SysctlKnob(),

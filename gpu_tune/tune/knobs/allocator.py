@@ -9,7 +9,7 @@ library listed in the host-wide ``/etc/ld.so.preload`` (row target ``ld.so.prelo
 Two path worlds: the path written into these files is a :data:`HostPath` (as the host's own
 processes see it, without the ``--root`` prefix). The library that ``gpu-tune run`` or the probe
 preloads into a process started from here is a different thing, found in this process's own
-filesystem (:func:`agent.runner.find_local_jemalloc`).
+filesystem (:func:`gpu_tune.launch.runner.find_local_jemalloc`).
 
 Files that did not exist are journalled as absent, so revert deletes them; otherwise their
 previous bytes come back exactly.
@@ -19,9 +19,9 @@ from __future__ import annotations
 
 from typing import Any, NewType
 
-from ..errors import HostError
-from ..model import Setting
-from .base import Context, Knob, decode_raw, encode_raw
+from gpu_tune.errors import HostError
+from gpu_tune.tune.model import Setting
+from gpu_tune.tune.knobs.base import Context, Knob, decode_raw, encode_raw
 
 # A path as the host's processes see it (no --root prefix). Never opened from this process
 # directly: HostFS maps it under the root.

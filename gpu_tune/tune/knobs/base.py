@@ -6,7 +6,7 @@ it touches and its value checks in one place, and offers four separate steps:
 - ``apply(ctx, row)``  -> write ``row.desired`` (raises HostError/GpuError);
 - ``restore(ctx, entry)`` -> put a journalled original back.
 
-Verification is a fresh ``read``. Deciding what to change is :func:`agent.engine.plan` (pure).
+Verification is a fresh ``read``. Deciding what to change is :func:`gpu_tune.tune.engine.plan` (pure).
 """
 
 from __future__ import annotations
@@ -15,14 +15,14 @@ import base64
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any, ClassVar
 
-from ..errors import HostError
-from ..model import Setting
+from gpu_tune.errors import HostError
+from gpu_tune.tune.model import Setting
 
 if TYPE_CHECKING:  # pragma: no cover
-    from ..gpu.base import GpuBackend
-    from ..hostfs import HostFS
-    from ..policy import Profile
-    from ..topology import Topology
+    from gpu_tune.gpu.base import GpuBackend
+    from gpu_tune.host.fs import HostFS
+    from gpu_tune.tune.policy import Profile
+    from gpu_tune.discover.topology import Topology
 
 
 @dataclass
@@ -37,7 +37,7 @@ class Context:
 
     def topology(self) -> "Topology":
         if self._topology is None:
-            from ..topology import discover
+            from gpu_tune.discover.topology import discover
 
             self._topology = discover(self.fs, self.gpu)
         return self._topology
@@ -143,7 +143,7 @@ class Knob:
 
     def current_value(self, ctx: Context, entry: dict[str, Any]) -> str | None:
         """What a journalled target holds now (shown by revert next to the original)."""
-        from ..parse import parse_bracketed
+        from gpu_tune.host.parse import parse_bracketed
 
         path = entry.get("path")
         text = ctx.fs.read_optional(path) if path else None

@@ -24,11 +24,11 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Any
 
-from ..errors import HostError
-from ..model import Setting
-from ..parse import parse_cmdline
-from .base import Context, Knob, encode_raw, restore_file
-from .cpu_governor import CPU_DIR, online_cpus
+from gpu_tune.errors import HostError
+from gpu_tune.tune.model import Setting
+from gpu_tune.host.parse import parse_cmdline
+from gpu_tune.tune.knobs.base import Context, Knob, encode_raw, restore_file
+from gpu_tune.tune.knobs.cpu_governor import CPU_DIR, online_cpus
 
 CMDLINE_PARAMS = ("intel_idle.max_cstate", "processor.max_cstate", "idle", "cpuidle.off",
                   "intel_idle.states_off")

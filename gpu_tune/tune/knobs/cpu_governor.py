@@ -7,10 +7,10 @@ acpi-cpufreq offers schedutil, ondemand, ...). No cpufreq (most VMs): ``unsuppor
 
 from __future__ import annotations
 
-from ..errors import HostError
-from ..model import Setting
-from ..parse import ParseError, parse_cpulist
-from .base import Context, Knob
+from gpu_tune.errors import HostError
+from gpu_tune.tune.model import Setting
+from gpu_tune.host.parse import ParseError, parse_cpulist
+from gpu_tune.tune.knobs.base import Context, Knob
 
 CPU_DIR = "/sys/devices/system/cpu"
 

@@ -12,8 +12,8 @@ named in the detail. A GPU without MIG (not an A100/A30/H100/H200/B200-class par
 
 from __future__ import annotations
 
-from ..model import Setting
-from .base import Context, Knob, gpus_or_reason, on_off
+from gpu_tune.tune.model import Setting
+from gpu_tune.tune.knobs.base import Context, Knob, gpus_or_reason, on_off
 
 
 _word = on_off

@@ -12,10 +12,10 @@ from __future__ import annotations
 
 from typing import Any
 
-from ..errors import HostError
-from ..model import Setting
-from .base import Context, Knob, gpus_or_reason, on_off
-from .irq_affinity import running_comms
+from gpu_tune.errors import HostError
+from gpu_tune.tune.model import Setting
+from gpu_tune.tune.knobs.base import Context, Knob, gpus_or_reason, on_off
+from gpu_tune.tune.knobs.irq_affinity import running_comms
 
 PERSISTENCED_COMMS = frozenset({"nvidia-persiste", "nvidia-persistenced"})
 

@@ -14,8 +14,8 @@ the GPU Operator (or the host's module configuration), which owns it; the row na
 
 from __future__ import annotations
 
-from ..model import Setting
-from .base import Context, Knob
+from gpu_tune.tune.model import Setting
+from gpu_tune.tune.knobs.base import Context, Knob
 
 PEERMEM = ("nvidia_peermem", "nv_peer_mem")
 GDS = ("nvidia_fs",)

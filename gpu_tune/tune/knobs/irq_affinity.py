@@ -15,7 +15,7 @@ the original both use; only the verify step after writes reads them again (a new
 - ``irqbalance`` running (``/proc/[pid]/comm``) -> ``conflict`` rows: it rewrites affinities every
   10 s, unless ``irq.irqbalance: ignore``;
 - kernel-managed IRQs refuse a new affinity with ``EIO``: :meth:`IrqAffinityKnob.apply` raises
-  :class:`agent.errors.UnsupportedWrite`, which the engine reports as ``unsupported`` for that IRQ.
+  :class:`gpu_tune.errors.UnsupportedWrite`, which the engine reports as ``unsupported`` for that IRQ.
 """
 
 from __future__ import annotations
@@ -24,10 +24,10 @@ import errno
 from dataclasses import dataclass
 from typing import Any, Iterable
 
-from ..errors import HostError, UnsupportedWrite
-from ..model import Setting
-from ..parse import ParseError, format_cpulist, format_cpumask, parse_cpulist, parse_cpumask
-from .base import Context, Knob, encode_raw, process_table
+from gpu_tune.errors import HostError, UnsupportedWrite
+from gpu_tune.tune.model import Setting
+from gpu_tune.host.parse import ParseError, format_cpulist, format_cpumask, parse_cpulist, parse_cpumask
+from gpu_tune.tune.knobs.base import Context, Knob, encode_raw, process_table
 
 IRQ_DIR = "/proc/irq"
 IRQBALANCE_HINT = ("irqbalance is running and will move these IRQs back: stop it "

@@ -13,11 +13,11 @@ runtime process found: ``unsupported``.
 
 from __future__ import annotations
 
-from ..errors import HostError
-from ..model import Setting
-from ..parse import parse_limits
-from ..policy import UNLIMITED, format_limit
-from .base import Context, Knob, process_table
+from gpu_tune.errors import HostError
+from gpu_tune.tune.model import Setting
+from gpu_tune.host.parse import parse_limits
+from gpu_tune.tune.policy import UNLIMITED, format_limit
+from gpu_tune.tune.knobs.base import Context, Knob, process_table
 
 # comm -> (systemd unit, the runtime's own setting, if any)
 RUNTIMES: dict[str, tuple[str, str]] = {

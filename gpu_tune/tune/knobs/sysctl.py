@@ -1,6 +1,6 @@
 """``sysctl.<key>``: any key under /proc/sys, e.g. ``vm.swappiness`` -> /proc/sys/vm/swappiness.
 
-Ranges for the keys the profiles use are checked when the profile loads (agent.policy).
+Ranges for the keys the profiles use are checked when the profile loads (gpu_tune.tune.policy).
 ``net.*`` keys belong to a network namespace: from a pod without hostNetwork they change only
 the pod's own namespace, so their rows say so.
 
@@ -11,10 +11,10 @@ is never moved then; outside it, ``apply`` writes the nearest end (the floor, or
 
 from __future__ import annotations
 
-from ..errors import HostError
-from ..model import Setting
-from ..policy import Bound
-from .base import Context, Knob
+from gpu_tune.errors import HostError
+from gpu_tune.tune.model import Setting
+from gpu_tune.tune.policy import Bound
+from gpu_tune.tune.knobs.base import Context, Knob
 
 
 def sysctl_path(key: str) -> str:

@@ -7,10 +7,10 @@ parameter named, and nothing is written.
 
 from __future__ import annotations
 
-from ..errors import HostError
-from ..model import Setting
-from ..parse import parse_bracketed, parse_cmdline
-from .base import Context, Knob
+from gpu_tune.errors import HostError
+from gpu_tune.tune.model import Setting
+from gpu_tune.host.parse import parse_bracketed, parse_cmdline
+from gpu_tune.tune.knobs.base import Context, Knob
 
 THP_DIR = "/sys/kernel/mm/transparent_hugepage"
 
