@@ -35,7 +35,7 @@ from _util import REPO, gpu_tune_argv, median_ms, time_process
 sys.path.insert(0, str(REPO))
 
 from gpu_tune.cluster.fleet import fleet_report, render_table  # noqa: E402
-from gpu_tune.cluster.publisher import list_nodes, reader_configuration  # noqa: E402
+from gpu_tune.cluster.api import list_nodes, reader_configuration  # noqa: E402
 from tests.fixtures.fleet import populate_n  # noqa: E402
 from tests.kubeapi import KubeAPIServer, write_kubeconfig  # noqa: E402
 

@@ -51,7 +51,9 @@ def serve_agent(port: int, guarded: bool = True) -> None:
 
     from gpu_tune.serve import httpserver
     from gpu_tune.serve.app import create_app
-    from gpu_tune.serve.agent import Agent, ServeOptions, _ProbeState, default_stages
+    from gpu_tune.serve.agent import Agent, _ProbeState
+    from gpu_tune.serve.options import ServeOptions
+    from gpu_tune.serve.stages import default_stages
     from tests.fixtures import hostgen
 
     tmp = Path(tempfile.mkdtemp(prefix="bench-host-"))

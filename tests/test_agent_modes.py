@@ -18,7 +18,9 @@ from fastapi.testclient import TestClient
 from gpu_tune.serve.app import create_app
 from gpu_tune.host.fs import HostFS
 from gpu_tune.cluster.labels import CONDITION_TYPE, PREFIX, TAINT_EFFECT, TAINT_KEY
-from gpu_tune.serve.agent import Agent, ServeOptions, default_stages
+from gpu_tune.serve.agent import Agent
+from gpu_tune.serve.options import ServeOptions
+from gpu_tune.serve.stages import default_stages
 from gpu_tune.judge.probe.saved import save_probe_results
 from tests.fixtures import hostgen
 from tests.fixtures.probes import probe_result, probe_verdict

@@ -13,7 +13,9 @@ from gpu_tune.errors import InputError
 from gpu_tune.cluster.fleet import fleet_report, render_table
 from gpu_tune.cluster.labels import ANNOTATION_SUMMARY, CONDITION_TYPE, node_summary, summary_annotation
 from gpu_tune.tune.policy import Profile, load_profile
-from gpu_tune.serve.agent import Agent, ServeOptions, default_stages
+from gpu_tune.serve.agent import Agent
+from gpu_tune.serve.options import ServeOptions
+from gpu_tune.serve.stages import default_stages
 
 from .test_service import World
 

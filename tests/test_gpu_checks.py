@@ -381,7 +381,9 @@ def test_publisher_reads_capacity_from_the_node(tmp_path):
 def test_agent_not_ready_when_the_device_plugin_lost_gpus(tmp_path, monkeypatch):
     """The real stages: fixture GPUs, the test API server's Node with 7 of 8 GPUs advertised."""
     from gpu_tune.cluster.labels import CONDITION_TYPE
-    from gpu_tune.serve.agent import Agent, ServeOptions, default_stages
+    from gpu_tune.serve.agent import Agent
+    from gpu_tune.serve.options import ServeOptions
+    from gpu_tune.serve.stages import default_stages
     from tests.fixtures import hostgen
     from tests.kubeapi import KubeAPIServer, write_kubeconfig
 
@@ -407,7 +409,9 @@ def test_agent_not_ready_when_the_device_plugin_lost_gpus(tmp_path, monkeypatch)
 
 
 def test_no_kube_lists_allocatable_as_not_checked(make_host):
-    from gpu_tune.serve.agent import Agent, ServeOptions, default_stages
+    from gpu_tune.serve.agent import Agent
+    from gpu_tune.serve.options import ServeOptions
+    from gpu_tune.serve.stages import default_stages
 
     root = make_host("link-degraded")
     st = default_stages(ServeOptions(root=str(root), gpu_backend="fixture",

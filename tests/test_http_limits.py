@@ -311,7 +311,7 @@ def test_serve_listens_on_loopback_by_default():
     import inspect
 
     from gpu_tune.cli.app import serve_cmd
-    from gpu_tune.serve.agent import ServeOptions
+    from gpu_tune.serve.options import ServeOptions
 
     assert ServeOptions().host == "127.0.0.1"
     default = inspect.signature(serve_cmd).parameters["host"].default

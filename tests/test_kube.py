@@ -11,7 +11,8 @@ from pathlib import Path
 import pytest
 
 from gpu_tune.errors import InputError
-from gpu_tune.cluster.publisher import KubePublisher, NullPublisher, make_publisher, plan_node
+from gpu_tune.cluster.node_diff import plan_node
+from gpu_tune.cluster.publisher import KubePublisher, NullPublisher, make_publisher
 from gpu_tune.cluster.labels import ANNOTATION_OWNED, CONDITION_TYPE, TAINT_KEY, desired_node_state
 from tests.kubeapi import write_kubeconfig
 
@@ -356,8 +357,8 @@ def test_stale_resource_version_is_rejected_by_server(api, kubeconfig):
     api.edit_node("gpu-1", {"spec": {"taints": [FOREIGN_TAINT, {"key": "late", "effect": "NoSchedule"}]}})
     # replay what a writer holding the old read would send
     body = {"metadata": {"resourceVersion": node["metadata"]["resourceVersion"]}, "spec": {"taints": [OURS]}}
-    from kubernetes.client.exceptions import ApiException
-    with pytest.raises(ApiException) as exc:
+    from gpu_tune.cluster.api import ApiError
+    with pytest.raises(ApiError) as exc:
         pub._api.request("PATCH", "/api/v1/nodes/gpu-1", body=body, content_type="application/merge-patch+json")
     assert exc.value.status == 409
     assert pub.publish(_want(False)).ok
@@ -441,7 +442,7 @@ def test_server_keeps_status_and_spec_apart(api, kubeconfig):
 def test_in_cluster_service_account_is_preferred(monkeypatch, tmp_path, kubeconfig):
     import kubernetes.config.incluster_config as incluster
 
-    import gpu_tune.cluster.publisher as kube
+    import gpu_tune.cluster.api as kube
 
     token, ca = tmp_path / "token", tmp_path / "ca.crt"
     token.write_text("sa-token")
@@ -542,7 +543,7 @@ def test_generated_core_api_is_never_imported(api, kubeconfig, tmp_path):
     resident, ~0.5 s to import) stays out of the process."""
     api.add_node("gpu-1")
     code = ("import sys, json\n"
-            "from gpu_tune.cluster.publisher import make_publisher, list_nodes, reader_configuration\n"
+            "from gpu_tune.cluster.publisher import make_publisher; from gpu_tune.cluster.api import list_nodes, reader_configuration\n"
             "from tests.test_kube import _want\n"
             f"pub = make_publisher('gpu-1', {kubeconfig!r}, False)\n"
             "assert pub.publish(_want(False)).ok\n"

@@ -122,7 +122,9 @@ def test_the_fixture_tree_is_untouched_by_audit(make_host):
 def test_enforce_mode_keeps_the_remedy_of_a_read_only_row(make_host):
     """The agent re-applies drift at most every 5 minutes and says so in the row; a read-only
     check is never re-applied, so its row keeps the remedy pass after pass."""
-    from gpu_tune.serve.agent import Agent, ServeOptions, default_stages
+    from gpu_tune.serve.agent import Agent
+    from gpu_tune.serve.options import ServeOptions
+    from gpu_tune.serve.stages import default_stages
 
     root = small(make_host)
     st = default_stages(ServeOptions(root=str(root), gpu_backend="none", no_kube=True))

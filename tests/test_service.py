@@ -20,7 +20,9 @@ from fastapi.testclient import TestClient
 from gpu_tune.serve.app import create_app
 from gpu_tune.errors import HostError, InputError
 from gpu_tune.tune.policy import Profile
-from gpu_tune.serve.agent import Agent, ServeOptions, Stages
+from gpu_tune.serve.agent import Agent
+from gpu_tune.serve.options import ServeOptions
+from gpu_tune.serve.stages import Stages
 
 from .test_readiness import AUDIT_OK, Pub, h100
 
@@ -433,7 +435,8 @@ def test_options_validation():
 SERVE_SCRIPT = r"""
 import json, sys
 sys.path.insert(0, {repo!r})
-from gpu_tune.serve.agent import ServeOptions, serve
+from gpu_tune.serve.options import ServeOptions
+from gpu_tune.serve.server import serve
 from tests.test_service import World
 marker = {marker!r}
 world = World()
@@ -503,7 +506,7 @@ def test_serve_process_sigterm_exits_0(tmp_path, revert_on_exit):
 
 
 def test_serve_port_in_use_is_input_error():
-    from gpu_tune.serve.agent import _bind
+    from gpu_tune.serve.server import _bind
 
     s = socket.socket()
     s.bind(("127.0.0.1", 0))
@@ -531,7 +534,7 @@ def _busy_gpu_host(tmp_path, busy=True):
 def test_probe_stage_saves_its_verdicts(make_host, monkeypatch):
     """Each probe run is saved where `gpu-tune label` reads it (a quick error verdict: no data)."""
     from gpu_tune.host.fs import HostFS
-    from gpu_tune.serve.agent import default_stages
+    from gpu_tune.serve.stages import default_stages
     from gpu_tune.judge.probe.saved import load_probe_results
 
     monkeypatch.setenv("PYTHONPATH", str(REPO))
@@ -552,7 +555,7 @@ def test_probe_stage_saves_its_verdicts(make_host, monkeypatch):
 
 def test_saved_verdict_stands_for_a_busy_gpu_across_restarts(tmp_path):
     from gpu_tune.host.fs import HostFS
-    from gpu_tune.serve.agent import default_stages
+    from gpu_tune.serve.stages import default_stages
     from gpu_tune.judge.probe.saved import load_probe_results, save_probe_results
 
     root, fixture = _busy_gpu_host(tmp_path)

@@ -537,7 +537,8 @@ def serve_cmd(
     probe_device: Annotated[Device, typer.Option("--probe-device", case_sensitive=False, help="auto, gpu or cpu")] = Device.auto,
     probe_data: Annotated[Optional[str], typer.Option("--probe-data", metavar="PATH", help="MNIST data for the probe")] = None,
 ) -> int:
-    from gpu_tune.serve.agent import ServeOptions, serve
+    from gpu_tune.serve.options import ServeOptions
+    from gpu_tune.serve.server import serve
 
     opts = ServeOptions(
         root=g.root, gpu_backend=g.gpu_backend, gpu_fixture=g.gpu_fixture, policy_dir=g.policy_dir,
@@ -565,7 +566,7 @@ def fleet_cmd(
                                             help="Nodes per page of the list call, as kubectl --chunk-size")] = 500,
 ) -> int:
     from gpu_tune.cluster.fleet import fleet_report, render_table
-    from gpu_tune.cluster.publisher import list_nodes, reader_configuration
+    from gpu_tune.cluster.api import list_nodes, reader_configuration
 
     cfg, source = reader_configuration(kubeconfig, context)
     listing = list_nodes(cfg, selector=selector, page_size=chunk_size, source=source)

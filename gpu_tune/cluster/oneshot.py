@@ -24,7 +24,7 @@ def label_once(g: Any, *, profile: str, node: str | None, kubeconfig: str | None
     from gpu_tune.cluster.labels import desired_node_state
     from gpu_tune.tune.policy import load_profile
     from gpu_tune.judge.readiness import verdict
-    from gpu_tune.serve.agent import node_name
+    from gpu_tune.cluster.publisher import node_name
     from gpu_tune.judge.probe.saved import load_probe_results
     from gpu_tune.discover.topology import discover
 

@@ -1,4 +1,4 @@
-"""``gpu-tune serve``: the loop and the read-only HTTP API in one process.
+"""The agent's loop (:class:`Agent`): the flow on an interval, and the probe in a thread of its own.
 
 Each pass: discover -> GPUs -> audit (mode ``audit``) or re-apply drift (mode ``enforce``, at most
 once per ``enforce_min_interval`` per setting) -> verdict -> publish -> snapshot. Intervals carry
@@ -9,235 +9,28 @@ pass at once to publish the new verdict. Each probe run is saved under
 ``<root>/var/lib/gpu-tune/probe.json`` (what ``gpu-tune label`` judges by), and at start the saved
 verdicts are loaded back: a busy GPU that is skipped keeps its last verdict across restarts.
 
-Every stage is a callable on :class:`Stages`: :func:`default_stages` builds the real ones, tests
-pass fakes. A stage that raises is a failed collector (``gpu_tune_collector_success 0``) and a
-failed readiness check naming the reason; the loop goes on. SIGTERM/SIGINT end the process with
-0 and leave the settings as they are unless ``revert_on_exit`` is set.
+Every stage is a callable on :class:`~gpu_tune.serve.stages.Stages`:
+:func:`~gpu_tune.serve.stages.default_stages` builds the real ones, tests pass fakes. A stage that
+raises is a failed collector (``gpu_tune_collector_success 0``) and a failed readiness check
+naming the reason; the loop goes on. :func:`gpu_tune.serve.server.serve` runs it beside uvicorn.
 """
 
 from __future__ import annotations
 
 import logging
-import os
 import random
-import signal
-import socket
-import sys
 import threading
 import time
 from dataclasses import dataclass, field
 from typing import Any, Callable
 
-from gpu_tune import __version__
-from gpu_tune.serve.snapshot import AgentState, CollectorStatus, Snapshot
-from gpu_tune.errors import InputError
-from gpu_tune.tune.knobs import fixable
 from gpu_tune.judge.readiness import Verdict, verdict
+from gpu_tune.serve.options import NODE_MODES
+from gpu_tune.serve.snapshot import AgentState, CollectorStatus, Snapshot
+from gpu_tune.serve.stages import Stages, field_of, error_reason, as_doc
+from gpu_tune.tune.knobs import fixable
 
 log = logging.getLogger("gpu_tune")
-
-MODES = ("audit", "enforce", "revert")
-# Modes a Node's gpu-tune.io/mode label may ask for over --mode: only ones that write less.
-NODE_MODES = ("audit", "revert")
-
-
-@dataclass
-class ServeOptions:
-    root: str = "/"
-    gpu_backend: str = "auto"
-    gpu_fixture: str | None = None
-    policy_dir: str | None = None
-    profile: str = "training"
-    host: str = "127.0.0.1"  # the DaemonSet passes the node's address
-    port: int = 9410
-    mode: str = "audit"
-    interval: float = 60.0
-    probe_interval: float | None = None  # None: the profile's probe.interval_s
-    no_kube: bool = False
-    kubeconfig: str | None = None
-    node: str | None = None
-    revert_on_exit: bool = False
-    metrics_detail: bool = False  # per-target, per-stage and launch-bound busy series (~1,500 more on a big node)
-    probe_device: str = "auto"
-    probe_data: str | None = None
-    verbose: bool = False
-    enforce_min_interval: float = 300.0
-    jitter: float = 0.1
-
-    def validate(self) -> None:
-        if self.mode not in MODES:
-            raise InputError(f"--mode {self.mode!r}: expected one of {', '.join(MODES)}")
-        if not self.interval > 0:
-            raise InputError(f"--interval {self.interval}: must be greater than 0")
-        if self.probe_interval is not None and self.probe_interval < 0:
-            raise InputError(f"--probe-interval {self.probe_interval}: must be 0 or more")
-        if not 0 <= int(self.port) <= 65535:
-            raise InputError(f"--port {self.port}: must be within 0..65535")
-        if self.probe_device not in ("auto", "gpu", "cpu"):
-            raise InputError(f"--probe-device {self.probe_device!r}: expected auto, gpu or cpu")
-        if not 0 <= self.jitter < 1:
-            raise InputError(f"jitter {self.jitter}: must be within 0..1")
-
-
-def node_name(option: str | None) -> str:
-    return option or os.environ.get("NODE_NAME") or socket.gethostname()
-
-
-def as_doc(obj: Any) -> Any:
-    """Plain data from a stage result (objects with ``as_dict()``, dataclasses, dicts)."""
-    if obj is None or isinstance(obj, (dict, list, str, int, float, bool)):
-        return obj
-    if hasattr(obj, "as_dict"):
-        return obj.as_dict()
-    if isinstance(obj, (tuple, set)):
-        return [as_doc(o) for o in obj]
-    raise TypeError(f"cannot turn {type(obj).__name__} into a document")
-
-
-def _field(obj: Any, key: str, default: Any = None) -> Any:
-    if isinstance(obj, dict):
-        return obj.get(key, default)
-    return getattr(obj, key, default)
-
-
-def _reason(exc: BaseException) -> str:
-    text = str(exc).strip().splitlines()[0] if str(exc).strip() else ""
-    return f"{type(exc).__name__}: {text}" if text else type(exc).__name__
-
-
-@dataclass
-class Stages:
-    """The loop's stages. ``discover() -> Topology|dict``; ``audit()``/``enforce() -> Report|dict``;
-    ``gpus() -> list[GpuInfo]``; ``identity() -> {"driver_version", "boot_id"}``;
-    ``probe(topology, previous) -> list[ProbeVerdict|dict]``;
-    ``publish(verdict, topology_doc, gpu_docs, driver_version, *, audit, probes) -> PublishResult``
-    (``audit`` and ``probes``: the documents the node summary annotation is made of; ``mode``:
-    the pass's mode, ``audit`` and ``revert`` never put the taint on);
-    ``revert() -> (ok, rows)``; ``close()``."""
-
-    node: str
-    profile: Any
-    discover: Callable[[], Any]
-    audit: Callable[[], Any]
-    enforce: Callable[[], Any]
-    gpus: Callable[[], list[Any]]
-    probe: Callable[[Any, Any], list[Any]]
-    publish: Callable[[Verdict, Any, list[Any], Any], Any]
-    identity: Callable[[], dict[str, Any]] = lambda: {}
-    revert: Callable[[], Any] | None = None
-    close: Callable[[], None] | None = None
-    probe_interval: float = 3600.0
-    # One read of the Node without writing (a PublishResult with the facts): used before the
-    # first publish, so the first verdict already knows the device plugin's capacity, whether
-    # the Node says it has GPUs, its gpu-tune.io/mode label and the condition left by the
-    # previous agent.
-    read_node: Callable[[], Any] | None = None
-    # ``gain(topology) -> gpu-tune gain document``: measured once per start before the first probe,
-    # in enforce mode, when the profile's ``gain.measure_on_start`` is set (None: never).
-    gain: Callable[[Any], Any] | None = None
-
-
-def default_stages(options: ServeOptions) -> Stages:
-    """The real stages over the host under ``options.root``. Raises InputError on bad input."""
-    from gpu_tune.tune import engine
-    from gpu_tune.gpu import select_backend
-    from gpu_tune.host.fs import HostFS
-    from gpu_tune.cluster.labels import desired_node_state
-    from gpu_tune.tune.policy import default_policy_dir, load_profile
-    from gpu_tune.judge.probe.saved import load_probe_results, save_probe_results
-
-    fs = HostFS(options.root)
-    profile = load_profile(options.profile, options.policy_dir)
-    backend = select_backend(options.gpu_backend, options.gpu_fixture)
-    log.info("GPU backend %s: %s", getattr(backend, "name", "?"), getattr(backend, "reason", ""))
-    node = node_name(options.node)
-    from gpu_tune.cluster.publisher import make_publisher
-
-    publisher = make_publisher(node, options.kubeconfig, options.no_kube)
-    policy_dir = options.policy_dir or default_policy_dir()
-
-    def discover():
-        from gpu_tune.discover.topology import discover as _discover
-
-        return _discover(fs, backend)
-
-    def audit():
-        return engine.audit(engine.make_context(fs, profile, backend))
-
-    def enforce(only=None):
-        return engine.apply(engine.make_context(fs, profile, backend), dry=False, only=only)
-
-    def gpus():
-        return list(backend.gpus())
-
-    def identity():
-        boot = fs.read_optional("/proc/sys/kernel/random/boot_id")
-        return {"driver_version": backend.driver_version(), "boot_id": boot.strip() if boot else None}
-
-    baselines_cache: dict[str, Any] = {}
-    # The verdicts saved by the last probe (this agent before a restart, or `gpu-tune probe`):
-    # what stands for a busy GPU that is skipped until this agent has its own.
-    saved = {str(d["gpu"]): d for d in load_probe_results(fs, profile.name) or []
-             if isinstance(d, dict) and "gpu" in d}
-    if saved:
-        log.info("previous probe verdicts loaded for %s", ", ".join(sorted(saved)))
-
-    def probe(topology, previous):
-        from gpu_tune.judge import probe as _probe
-
-        if "b" not in baselines_cache:
-            baselines_cache["b"] = _probe.load_baselines(policy_dir)
-        targets = _probe.plan_targets(topology, profile, backend, gpu="all", device=options.probe_device)
-        # this agent's own latest verdicts win over the saved ones, GPU by GPU
-        if isinstance(previous, dict) or not previous:
-            prev: Any = {**saved, **{str(k): v for k, v in (previous or {}).items()}}
-        else:
-            prev = previous
-        verdicts = _probe.run_probes(targets, profile.probe, baselines_cache["b"], data=options.probe_data,
-                                     timeout=None, device=options.probe_device, previous=prev or None,
-                                     gpu_backend=backend)
-        from gpu_tune.judge.probe.run import stopping
-
-        if stopping():  # killed by SIGTERM: not a verdict on the node, never saved
-            raise RuntimeError("the agent is stopping: probe run cut short")
-        err = save_probe_results(fs, profile.name, [as_doc(v) for v in verdicts])
-        if err:
-            log.warning("probe results not saved for `gpu-tune label`: %s", err)
-        return verdicts
-
-    def publish(v: Verdict, topology_doc, gpu_docs, driver_version, *, audit=None, probes=None, mode="enforce",
-                gain=None):
-        topo = dict(topology_doc or {})
-        topo.setdefault("cuda_driver_version", backend.cuda_driver_version())
-        want = desired_node_state(profile=profile.name, ready=v.ready, reason=v.reason(),
-                                  message=v.message(), topology=topo, gpus=gpu_docs,
-                                  driver_version=driver_version,
-                                  taint_when_not_ready=profile.readiness.taint,
-                                  checks=v.checks, audit=audit, probes=probes, mode=mode, gain=gain)
-        return publisher.publish(want)
-
-    def revert():
-        return engine.revert(engine.make_context(fs, profile, backend))
-
-    def gain(topology):
-        from gpu_tune.judge.gain.measure import measure_gain
-
-        return measure_gain(fs=fs, profile=profile, backend=backend, topology=topology, gpu=None,
-                            pairs=profile.gain.pairs, keep=True, force=False, data=options.probe_data,
-                            window=profile.gain.window_seconds)
-
-    def close():
-        for thing in (publisher, backend):
-            try:
-                thing.close()
-            except Exception as exc:
-                log.debug("close %s: %s", type(thing).__name__, exc)
-
-    interval = options.probe_interval if options.probe_interval is not None else profile.probe.interval_s
-    return Stages(node=node, profile=profile, discover=discover, audit=audit, enforce=enforce, gpus=gpus,
-                  probe=probe, publish=publish, identity=identity, revert=revert, close=close,
-                  probe_interval=interval, read_node=publisher.read,
-                  gain=gain if options.mode == "enforce" and profile.gain.measure_on_start else None)
 
 
 @dataclass
@@ -310,8 +103,8 @@ class Agent:
             value = fn()
         except Exception as exc:  # a stage failure is a value, not the end of the loop
             took = time.perf_counter() - t0
-            log.warning("stage %s failed: %s", name, _reason(exc), exc_info=log.isEnabledFor(logging.DEBUG))
-            return None, CollectorStatus(name, False, took, _reason(exc))
+            log.warning("stage %s failed: %s", name, error_reason(exc), exc_info=log.isEnabledFor(logging.DEBUG))
+            return None, CollectorStatus(name, False, took, error_reason(exc))
         return value, CollectorStatus(name, True, time.perf_counter() - t0)
 
     def _enforce(self) -> dict[str, Any]:
@@ -344,7 +137,7 @@ class Agent:
         try:
             return hold_detail(as_doc(self.stages.enforce(only=set(due))))
         except Exception as exc:
-            reason = _reason(exc)
+            reason = error_reason(exc)
             rows = [{**s, "status": "error", "changed": False, "detail": f"not re-applied: {reason}"}
                     if s.get("status") == "drift" and (str(s.get("id")), str(s.get("target"))) not in held else s
                     for s in before.get("settings", [])]
@@ -376,7 +169,7 @@ class Agent:
 
         if self._last_publish is None and self.stages.read_node is not None:
             facts, st = self._run("read", self.stages.read_node)  # before the first publish
-            if st.success and _field(facts, "node_read", False):
+            if st.success and field_of(facts, "node_read", False):
                 self._note_facts(facts)
         mode = self.effective_mode()
         if mode == "revert":
@@ -447,11 +240,11 @@ class Agent:
             pass
         elif st.success:
             self._last_publish = pub
-            if _field(pub, "node_read", False):
+            if field_of(pub, "node_read", False):
                 self._note_facts(pub)
-            if not _field(pub, "ok", False):
+            if not field_of(pub, "ok", False):
                 statuses[-1] = CollectorStatus("publish", False, st.duration,
-                                               str(_field(pub, "detail", "") or "not ok"))
+                                               str(field_of(pub, "detail", "") or "not ok"))
         else:
             errors["publish"] = st.error
         final = verdict(**{**judge, "errors": errors}, publish=pub if st.success else None)
@@ -476,14 +269,14 @@ class Agent:
     def _note_facts(self, facts: Any) -> None:
         self._facts = facts
         if self._node_was_ready is None:
-            self._node_condition_at_start = _field(facts, "condition_status")
+            self._node_condition_at_start = field_of(facts, "condition_status")
             self._node_was_ready = self._node_condition_at_start == "True"
 
     def effective_mode(self) -> str:
         """``--mode``, unless the Node's ``gpu-tune.io/mode`` label asks for one that writes less
         (``audit``: stop enforcing, ``revert``: take the node back). Read from the Node every
         publish, so a label change takes effect on the next pass, without a restart."""
-        want = _field(self._facts, "mode_request") if self._facts is not None else None
+        want = field_of(self._facts, "mode_request") if self._facts is not None else None
         note = None
         mode = self.mode
         if want:
@@ -524,8 +317,8 @@ class Agent:
         pub = self._last_publish
         if pub is None:
             return False, "the agent has not published a verdict yet (the first waits for the first probe)"
-        if not _field(pub, "ok", False):
-            return False, f"the latest publish failed: {_field(pub, 'detail', '')}"
+        if not field_of(pub, "ok", False):
+            return False, f"the latest publish failed: {field_of(pub, 'detail', '')}"
         if mode == "revert":
             return True, "mode revert: the node is taken back on purpose"
         if self._node_was_ready and not final.ready:
@@ -625,86 +418,3 @@ class Agent:
     @property
     def stopping(self) -> bool:
         return self._stop.is_set()
-
-
-def _bind(host: str, port: int) -> socket.socket:
-    family = socket.AF_INET6 if ":" in host else socket.AF_INET
-    # proto IPPROTO_TCP, not 0: asyncio sets TCP_NODELAY only on sockets that say they are TCP,
-    # and without it small responses wait ~40 ms for delayed ACKs (Nagle).
-    sock = socket.socket(family, socket.SOCK_STREAM, socket.IPPROTO_TCP)
-    sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
-    try:
-        sock.bind((host, port))
-    except OSError as exc:
-        sock.close()
-        raise InputError(f"--host {host} --port {port}: cannot listen: {exc.strerror or exc}") from None
-    sock.listen(2048)
-    sock.set_inheritable(True)
-    return sock
-
-
-def serve(options: ServeOptions, *, stages: Stages | None = None,
-          ready_callback: Callable[[int], None] | None = None) -> int:
-    """Run the agent until SIGTERM/SIGINT; return 0. ``stages`` replaces :func:`default_stages`."""
-    import uvicorn
-
-    from gpu_tune.serve import httpserver
-    from gpu_tune.serve.app import create_app
-
-    options.validate()
-    stages = stages or default_stages(options)
-    pp = getattr(stages.profile, "probe", None)
-    hold = (float(getattr(pp, "timeout_s", 300.0)) * (int(getattr(pp, "retries", 0)) + 1) + 60.0) if pp else 900.0
-    gp = getattr(stages.profile, "gain", None)
-    if stages.gain is not None and options.mode == "enforce" and gp is not None:
-        hold += 2 * int(gp.pairs) * float(getattr(pp, "timeout_s", 300.0))  # the gain runs before the probe
-    agent = Agent(stages, mode=options.mode, interval=options.interval,
-                  enforce_min_interval=options.enforce_min_interval, jitter=options.jitter,
-                  first_publish_max_wait=hold, metrics_detail=options.metrics_detail)
-    app = create_app(agent.state)
-    sock = _bind(options.host, int(options.port))
-    config = httpserver.config(app)
-    server = uvicorn.Server(config)
-
-    from gpu_tune.judge.probe.run import stop_all
-
-    def on_signal(signum, frame):  # uvicorn re-raises the signal it caught after shutting down
-        stop_all()  # a running probe's process group dies now: the exit fits the grace period
-        server.should_exit = True
-        agent._stop.set()
-        agent._wake.set()
-        agent._probe_request.set()
-
-    old = {s: signal.signal(s, on_signal) for s in (signal.SIGTERM, signal.SIGINT)}
-    agent.start()
-    host, port = sock.getsockname()[:2]
-    shown = "localhost" if host in ("127.0.0.1", "::1") else ("<node-ip>" if host in ("0.0.0.0", "::") else host)
-    print(f"gpu-tune {__version__}: node {stages.node}, profile {getattr(stages.profile, 'name', stages.profile)}, "
-          f"mode {options.mode}; serving on {host}:{port} "
-          f"(curl http://{shown}:{port}/readiness, /metrics); Ctrl-C or SIGTERM to stop", file=sys.stderr, flush=True)
-    if ready_callback is not None:
-        ready_callback(port)
-    try:
-        server.run(sockets=[sock])
-    finally:
-        agent.stop()
-        sock.close()
-        for s, h in old.items():
-            signal.signal(s, h)
-    rc = 0
-    if options.revert_on_exit and stages.revert is not None:
-        try:
-            result = stages.revert()
-            ok = result[0] if isinstance(result, tuple) else bool(getattr(result, "compliant", True))
-            if not ok:
-                log.warning("--revert-on-exit: some originals could not be restored")
-                rc = 1
-        except Exception as exc:
-            log.warning("--revert-on-exit failed: %s", _reason(exc))
-            rc = 1
-    if stages.close is not None:
-        try:
-            stages.close()
-        except Exception:
-            pass
-    return rc

@@ -40,7 +40,7 @@ time percentiles are in ``GET /gain``.
 from __future__ import annotations
 
 from collections import Counter
-from typing import TYPE_CHECKING, Any, Callable, Iterator, Mapping
+from typing import Any, Callable, Iterator, Mapping, Protocol
 
 from prometheus_client import CollectorRegistry, generate_latest
 from prometheus_client.core import GaugeMetricFamily
@@ -52,8 +52,22 @@ from gpu_tune.judge.figures import number as _num
 from gpu_tune.judge.figures import result_of
 from gpu_tune.judge.figures import throughput as probe_throughput
 
-if TYPE_CHECKING:  # pragma: no cover
-    from gpu_tune.serve.snapshot import Snapshot
+
+
+class Snapshot(Protocol):
+    """What the exposition reads of a pass (a :class:`gpu_tune.serve.snapshot.Snapshot`, which
+    renders its body with :func:`render_metrics`: the dependency runs that way only)."""
+
+    node: str
+    verdict: Any
+    audit: Mapping[str, Any] | None
+    topology: Mapping[str, Any] | None
+    gpus: tuple[Mapping[str, Any], ...]
+    probes: tuple[Mapping[str, Any], ...]
+    probe_last_success: Mapping[str, float]
+    collectors: tuple[Any, ...]
+    metrics_detail: bool
+    gain: Mapping[str, Any] | None
 
 GPU_LABELS = ("gpu", "UUID", "pci_bus_id", "modelName", "Hostname", "numa_node")
 # Statuses in the order their series are written (CONTRACT §3); others follow by name.

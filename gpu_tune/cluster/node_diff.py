@@ -1,0 +1,180 @@
+"""What one publish pass would change on the Node: pure, no Kubernetes client here.
+
+:func:`plan_node` diffs a Node as the API server returned it (plain JSON) against the
+:class:`~gpu_tune.cluster.labels.NodeWant`: the owned labels and annotations (stale owned labels
+removed; labels not recorded in ``gpu-tune.io/owned-labels`` are never touched), the startup taint
+(the taint list read, with only ours added or removed) and the ``GPUHostReady`` condition (written
+when its status, reason or message differ, or its heartbeat is due). The facts a verdict reads
+from the Node (device-plugin capacity, labels saying it has GPUs, the mode label) are read here
+too.
+"""
+
+from __future__ import annotations
+
+import time
+from dataclasses import dataclass, field
+from typing import Any
+
+from gpu_tune.cluster.labels import (
+    ANNOTATION_OWNED,
+    CONDITION_TYPE,
+    FORBIDDEN_PREFIXES,
+    PREFIX,
+    TAINT_EFFECT,
+    TAINT_KEY,
+    NodeWant,
+    is_valid_label_value,
+)
+from gpu_tune.timestamps import parse_rfc3339
+
+GPU_RESOURCE = "nvidia.com/gpu"  # the NVIDIA device plugin's extended resource
+# Labels others put on a Node that has NVIDIA GPUs: node-feature-discovery (PCI vendor 10de) and
+# the GPU Operator's feature discovery. Read, never written.
+GPU_PRESENT_LABELS = ("feature.node.kubernetes.io/pci-10de.present", "nvidia.com/gpu.present")
+# The label that overrides the agent's --mode on one Node (see gpu_tune/serve/agent.py, docs/deploy.md).
+MODE_LABEL = PREFIX + "mode"
+
+
+def resource_count(node: dict[str, Any], where: str, resource: str = GPU_RESOURCE) -> int | None:
+    """An extended resource's count in the Node's ``status.capacity`` or ``status.allocatable``
+    (a quantity string such as ``"8"``); None when absent or not a whole number."""
+    value = ((node.get("status") or {}).get(where) or {}).get(resource)
+    if value is None:
+        return None
+    text = str(value).strip()
+    return int(text) if text.isdigit() else None
+
+
+def gpu_expected(node: dict[str, Any]) -> tuple[str, ...]:
+    """Why the Node says it has NVIDIA GPUs: NFD's or the GPU Operator's label set to ``true``,
+    or device-plugin capacity ``nvidia.com/gpu`` above 0 (empty: it says nothing of the kind)."""
+    labels = (node.get("metadata") or {}).get("labels") or {}
+    why = [f"label {k}=true" for k in GPU_PRESENT_LABELS if str(labels.get(k, "")).lower() == "true"]
+    cap = resource_count(node, "capacity")
+    if cap:
+        why.append(f"capacity {GPU_RESOURCE}={cap}")
+    return tuple(why)
+
+
+@dataclass(frozen=True)
+class NodePlan:
+    """What one pass would write. ``metadata_patch`` is a merge patch (without the
+    resourceVersion) or None; ``condition`` the condition to write or None."""
+
+    metadata_patch: dict[str, Any] | None
+    condition: dict[str, str] | None
+    transition: bool
+    changed: list[str] = field(default_factory=list)
+    skipped: list[str] = field(default_factory=list)
+
+
+def now_rfc3339() -> str:
+    return time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime())
+
+
+def _is_ours(t: Any) -> bool:
+    return isinstance(t, dict) and t.get("key") == TAINT_KEY and t.get("effect") == TAINT_EFFECT
+
+
+def find_condition(node: dict[str, Any], ctype: str = CONDITION_TYPE) -> dict[str, Any] | None:
+    for c in ((node.get("status") or {}).get("conditions") or []):
+        if isinstance(c, dict) and c.get("type") == ctype:
+            return c
+    return None
+
+
+def _age_s(stamp: Any, now_ts: float) -> float | None:
+    """Seconds since an RFC 3339 time; None when it cannot be read."""
+    then = parse_rfc3339(stamp)
+    return None if then is None else now_ts - then
+
+
+def plan_node(node: dict[str, Any], want: NodeWant, now: str | None = None, *,
+              heartbeat_s: float | None = None, now_ts: float | None = None) -> NodePlan:
+    """Diff the Node as read against what is wanted. Writes only what differs, and the condition
+    again when its ``lastHeartbeatTime`` is ``heartbeat_s`` old (None: never)."""
+    now = now or now_rfc3339()
+    meta = node.get("metadata") or {}
+    labels = meta.get("labels") or {}
+    annotations = meta.get("annotations") or {}
+    changed: list[str] = []
+    skipped: list[str] = []
+
+    wanted_labels: dict[str, str] = {}
+    for k, v in sorted(want.labels.items()):
+        if not k.startswith(PREFIX) or k.startswith(FORBIDDEN_PREFIXES):
+            skipped.append(f"label {k}: not under {PREFIX}")
+        elif not isinstance(v, str) or not is_valid_label_value(v):
+            skipped.append(f"label {k}: invalid value {v!r}")
+        else:
+            wanted_labels[k] = v
+    owned_record = ",".join(sorted(wanted_labels))
+    wanted_ann = {k: v for k, v in want.annotations.items() if k.startswith(PREFIX)}
+    wanted_ann[ANNOTATION_OWNED] = owned_record
+
+    label_patch: dict[str, Any] = {}
+    for k, v in wanted_labels.items():
+        if labels.get(k) != v:
+            label_patch[k] = v
+            changed.append(f"label {k}={v}" + (f" (was {labels[k]})" if k in labels else ""))
+    previously_owned = [k.strip() for k in str(annotations.get(ANNOTATION_OWNED, "")).split(",") if k.strip()]
+    for k in previously_owned:
+        if k.startswith(PREFIX) and k not in wanted_labels and k in labels:
+            label_patch[k] = None
+            changed.append(f"label {k} removed (stale)")
+
+    ann_patch: dict[str, Any] = {}
+    for k, v in sorted(wanted_ann.items()):
+        if annotations.get(k) != v:
+            ann_patch[k] = v
+            changed.append(f"annotation {k} {'updated' if k in annotations else 'added'}")
+
+    taints = list((node.get("spec") or {}).get("taints") or [])
+    new_taints: list[Any] | None = None
+    have = any(_is_ours(t) for t in taints)
+    if want.taint_wanted is True and not have:
+        new_taints = taints + [{"key": TAINT_KEY, "effect": TAINT_EFFECT}]
+        changed.append(f"taint {TAINT_KEY}:{TAINT_EFFECT} added")
+    elif want.taint_wanted is False and have:
+        new_taints = [t for t in taints if not _is_ours(t)]
+        changed.append(f"taint {TAINT_KEY}:{TAINT_EFFECT} removed")
+
+    patch: dict[str, Any] | None = None
+    if label_patch or ann_patch or new_taints is not None:
+        patch = {"metadata": {}}
+        if label_patch:
+            patch["metadata"]["labels"] = label_patch
+        if ann_patch:
+            patch["metadata"]["annotations"] = ann_patch
+        if new_taints is not None:
+            patch["spec"] = {"taints": new_taints}
+
+    cur = find_condition(node)
+    wc = want.condition
+    cond: dict[str, str] | None = None
+    transition = False
+    if cur is None or any(cur.get(k) != wc.get(k) for k in ("status", "reason", "message")):
+        transition = cur is None or cur.get("status") != wc.get("status")
+        cond = {
+            "type": CONDITION_TYPE,
+            "status": wc.get("status", "Unknown"),
+            "reason": wc.get("reason", ""),
+            "message": wc.get("message", ""),
+            "lastHeartbeatTime": now,
+            "lastTransitionTime": now if transition else (cur or {}).get("lastTransitionTime") or now,
+        }
+        if cur is None:
+            changed.append(f"condition {CONDITION_TYPE}={cond['status']} ({cond['reason']}) added")
+        elif transition:
+            changed.append(f"condition {CONDITION_TYPE}: {cur.get('status')} -> {cond['status']} ({cond['reason']})")
+        else:
+            changed.append(f"condition {CONDITION_TYPE} reason/message updated ({cond['reason']})")
+    elif heartbeat_s is not None and heartbeat_s > 0:
+        age = _age_s(cur.get("lastHeartbeatTime"), time.time() if now_ts is None else now_ts)
+        if age is None or age >= heartbeat_s:
+            cond = {"type": CONDITION_TYPE, **{k: cur.get(k, "") for k in ("status", "reason", "message")},
+                    "lastHeartbeatTime": now, "lastTransitionTime": cur.get("lastTransitionTime") or now}
+            changed.append(f"condition {CONDITION_TYPE} heartbeat"
+                           + (f" ({age:.0f}s since the last)" if age is not None else ""))
+    return NodePlan(metadata_patch=patch, condition=cond, transition=transition, changed=changed, skipped=skipped)
+

@@ -1,0 +1,49 @@
+"""``gpu-tune serve``'s options, checked before anything starts."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from gpu_tune.errors import InputError
+
+MODES = ("audit", "enforce", "revert")
+# Modes a Node's gpu-tune.io/mode label may ask for over --mode: only ones that write less.
+NODE_MODES = ("audit", "revert")
+
+
+@dataclass
+class ServeOptions:
+    root: str = "/"
+    gpu_backend: str = "auto"
+    gpu_fixture: str | None = None
+    policy_dir: str | None = None
+    profile: str = "training"
+    host: str = "127.0.0.1"  # the DaemonSet passes the node's address
+    port: int = 9410
+    mode: str = "audit"
+    interval: float = 60.0
+    probe_interval: float | None = None  # None: the profile's probe.interval_s
+    no_kube: bool = False
+    kubeconfig: str | None = None
+    node: str | None = None
+    revert_on_exit: bool = False
+    metrics_detail: bool = False  # per-target, per-stage and launch-bound busy series (~1,500 more on a big node)
+    probe_device: str = "auto"
+    probe_data: str | None = None
+    verbose: bool = False
+    enforce_min_interval: float = 300.0
+    jitter: float = 0.1
+
+    def validate(self) -> None:
+        if self.mode not in MODES:
+            raise InputError(f"--mode {self.mode!r}: expected one of {', '.join(MODES)}")
+        if not self.interval > 0:
+            raise InputError(f"--interval {self.interval}: must be greater than 0")
+        if self.probe_interval is not None and self.probe_interval < 0:
+            raise InputError(f"--probe-interval {self.probe_interval}: must be 0 or more")
+        if not 0 <= int(self.port) <= 65535:
+            raise InputError(f"--port {self.port}: must be within 0..65535")
+        if self.probe_device not in ("auto", "gpu", "cpu"):
+            raise InputError(f"--probe-device {self.probe_device!r}: expected auto, gpu or cpu")
+        if not 0 <= self.jitter < 1:
+            raise InputError(f"jitter {self.jitter}: must be within 0..1")

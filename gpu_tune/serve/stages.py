@@ -1,0 +1,175 @@
+"""The agent's stages: one callable per step of the flow, over the real host (:func:`default_stages`),
+or fakes in tests.
+
+A stage that raises is a failed collector (``gpu_tune_collector_success 0``) and a failed
+readiness check naming the reason; the loop (:mod:`gpu_tune.serve.agent`) goes on.
+"""
+
+from __future__ import annotations
+
+import logging
+from dataclasses import dataclass
+from typing import Any, Callable
+
+from gpu_tune.judge.readiness import Verdict
+from gpu_tune.cluster.publisher import node_name
+from gpu_tune.serve.options import ServeOptions
+
+log = logging.getLogger("gpu_tune")
+
+
+def as_doc(obj: Any) -> Any:
+    """Plain data from a stage result (objects with ``as_dict()``, dataclasses, dicts)."""
+    if obj is None or isinstance(obj, (dict, list, str, int, float, bool)):
+        return obj
+    if hasattr(obj, "as_dict"):
+        return obj.as_dict()
+    if isinstance(obj, (tuple, set)):
+        return [as_doc(o) for o in obj]
+    raise TypeError(f"cannot turn {type(obj).__name__} into a document")
+
+
+def field_of(obj: Any, key: str, default: Any = None) -> Any:
+    if isinstance(obj, dict):
+        return obj.get(key, default)
+    return getattr(obj, key, default)
+
+
+def error_reason(exc: BaseException) -> str:
+    text = str(exc).strip().splitlines()[0] if str(exc).strip() else ""
+    return f"{type(exc).__name__}: {text}" if text else type(exc).__name__
+
+
+@dataclass
+class Stages:
+    """The loop's stages. ``discover() -> Topology|dict``; ``audit()``/``enforce() -> Report|dict``;
+    ``gpus() -> list[GpuInfo]``; ``identity() -> {"driver_version", "boot_id"}``;
+    ``probe(topology, previous) -> list[ProbeVerdict|dict]``;
+    ``publish(verdict, topology_doc, gpu_docs, driver_version, *, audit, probes) -> PublishResult``
+    (``audit`` and ``probes``: the documents the node summary annotation is made of; ``mode``:
+    the pass's mode, ``audit`` and ``revert`` never put the taint on);
+    ``revert() -> (ok, rows)``; ``close()``."""
+
+    node: str
+    profile: Any
+    discover: Callable[[], Any]
+    audit: Callable[[], Any]
+    enforce: Callable[[], Any]
+    gpus: Callable[[], list[Any]]
+    probe: Callable[[Any, Any], list[Any]]
+    publish: Callable[[Verdict, Any, list[Any], Any], Any]
+    identity: Callable[[], dict[str, Any]] = lambda: {}
+    revert: Callable[[], Any] | None = None
+    close: Callable[[], None] | None = None
+    probe_interval: float = 3600.0
+    # One read of the Node without writing (a PublishResult with the facts): used before the
+    # first publish, so the first verdict already knows the device plugin's capacity, whether
+    # the Node says it has GPUs, its gpu-tune.io/mode label and the condition left by the
+    # previous agent.
+    read_node: Callable[[], Any] | None = None
+    # ``gain(topology) -> gpu-tune gain document``: measured once per start before the first probe,
+    # in enforce mode, when the profile's ``gain.measure_on_start`` is set (None: never).
+    gain: Callable[[Any], Any] | None = None
+
+
+def default_stages(options: ServeOptions) -> Stages:
+    """The real stages over the host under ``options.root``. Raises InputError on bad input."""
+    from gpu_tune.tune import engine
+    from gpu_tune.gpu import select_backend
+    from gpu_tune.host.fs import HostFS
+    from gpu_tune.cluster.labels import desired_node_state
+    from gpu_tune.tune.policy import default_policy_dir, load_profile
+    from gpu_tune.judge.probe.saved import load_probe_results, save_probe_results
+
+    fs = HostFS(options.root)
+    profile = load_profile(options.profile, options.policy_dir)
+    backend = select_backend(options.gpu_backend, options.gpu_fixture)
+    log.info("GPU backend %s: %s", getattr(backend, "name", "?"), getattr(backend, "reason", ""))
+    node = node_name(options.node)
+    from gpu_tune.cluster.publisher import make_publisher
+
+    publisher = make_publisher(node, options.kubeconfig, options.no_kube)
+    policy_dir = options.policy_dir or default_policy_dir()
+
+    def discover():
+        from gpu_tune.discover.topology import discover as _discover
+
+        return _discover(fs, backend)
+
+    def audit():
+        return engine.audit(engine.make_context(fs, profile, backend))
+
+    def enforce(only=None):
+        return engine.apply(engine.make_context(fs, profile, backend), dry=False, only=only)
+
+    def gpus():
+        return list(backend.gpus())
+
+    def identity():
+        boot = fs.read_optional("/proc/sys/kernel/random/boot_id")
+        return {"driver_version": backend.driver_version(), "boot_id": boot.strip() if boot else None}
+
+    baselines_cache: dict[str, Any] = {}
+    # The verdicts saved by the last probe (this agent before a restart, or `gpu-tune probe`):
+    # what stands for a busy GPU that is skipped until this agent has its own.
+    saved = {str(d["gpu"]): d for d in load_probe_results(fs, profile.name) or []
+             if isinstance(d, dict) and "gpu" in d}
+    if saved:
+        log.info("previous probe verdicts loaded for %s", ", ".join(sorted(saved)))
+
+    def probe(topology, previous):
+        from gpu_tune.judge import probe as _probe
+
+        if "b" not in baselines_cache:
+            baselines_cache["b"] = _probe.load_baselines(policy_dir)
+        targets = _probe.plan_targets(topology, profile, backend, gpu="all", device=options.probe_device)
+        # this agent's own latest verdicts win over the saved ones, GPU by GPU
+        if isinstance(previous, dict) or not previous:
+            prev: Any = {**saved, **{str(k): v for k, v in (previous or {}).items()}}
+        else:
+            prev = previous
+        verdicts = _probe.run_probes(targets, profile.probe, baselines_cache["b"], data=options.probe_data,
+                                     timeout=None, device=options.probe_device, previous=prev or None,
+                                     gpu_backend=backend)
+        from gpu_tune.judge.probe.run import stopping
+
+        if stopping():  # killed by SIGTERM: not a verdict on the node, never saved
+            raise RuntimeError("the agent is stopping: probe run cut short")
+        err = save_probe_results(fs, profile.name, [as_doc(v) for v in verdicts])
+        if err:
+            log.warning("probe results not saved for `gpu-tune label`: %s", err)
+        return verdicts
+
+    def publish(v: Verdict, topology_doc, gpu_docs, driver_version, *, audit=None, probes=None, mode="enforce",
+                gain=None):
+        topo = dict(topology_doc or {})
+        topo.setdefault("cuda_driver_version", backend.cuda_driver_version())
+        want = desired_node_state(profile=profile.name, ready=v.ready, reason=v.reason(),
+                                  message=v.message(), topology=topo, gpus=gpu_docs,
+                                  driver_version=driver_version,
+                                  taint_when_not_ready=profile.readiness.taint,
+                                  checks=v.checks, audit=audit, probes=probes, mode=mode, gain=gain)
+        return publisher.publish(want)
+
+    def revert():
+        return engine.revert(engine.make_context(fs, profile, backend))
+
+    def gain(topology):
+        from gpu_tune.judge.gain.measure import measure_gain
+
+        return measure_gain(fs=fs, profile=profile, backend=backend, topology=topology, gpu=None,
+                            pairs=profile.gain.pairs, keep=True, force=False, data=options.probe_data,
+                            window=profile.gain.window_seconds)
+
+    def close():
+        for thing in (publisher, backend):
+            try:
+                thing.close()
+            except Exception as exc:
+                log.debug("close %s: %s", type(thing).__name__, exc)
+
+    interval = options.probe_interval if options.probe_interval is not None else profile.probe.interval_s
+    return Stages(node=node, profile=profile, discover=discover, audit=audit, enforce=enforce, gpus=gpus,
+                  probe=probe, publish=publish, identity=identity, revert=revert, close=close,
+                  probe_interval=interval, read_node=publisher.read,
+                  gain=gain if options.mode == "enforce" and profile.gain.measure_on_start else None)
