@@ -15,6 +15,7 @@ if str(REPO) not in sys.path:
     sys.path.insert(0, str(REPO))
 
 from tests.fixtures import hostgen  # noqa: E402
+from tests.realkube.plugin import api, control_plane, pytest_terminal_summary  # noqa: E402,F401
 
 GPU_FIXTURES = REPO / "tests" / "fixtures" / "gpu"
 
@@ -33,8 +34,9 @@ def make_host(tmp_path):
 
 
 @pytest.fixture()
-def api():
-    """A local Kubernetes API server (tests/kubeapi.py) over real HTTP, stopped afterwards."""
+def fake_api():
+    """The imitation API server (tests/kubeapi.py) over real HTTP, stopped afterwards: only for
+    what a real server cannot do on cue (see tests/realkube/__init__.py)."""
     from tests.kubeapi import KubeAPIServer
 
     srv = KubeAPIServer().start()

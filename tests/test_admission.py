@@ -293,52 +293,5 @@ def test_every_field_of_the_node_schema_is_guarded(policy, where, kind):
                 assert policy.review(old, gone, extra=token("gpu-1")), f"{where}.{field} removed, yet admitted"
 
 
-# -- the real agent's writes, through the HTTP test server with the policy enforced ----------------
-def enforce(api, policy: Policy, token_node: str) -> list[list[str]]:
-    """Run every Node write of the test API server through the policy, as the agent's token
-    bound to a pod on ``token_node``; returns the list of denials seen."""
-    seen: list[list[str]] = []
-
-    def admit(old, new, sub):
-        denied = policy.review(old, new, extra=token(token_node), subresource=sub)
-        seen.append(denied)
-        return (policy.name, "; ".join(denied)) if denied else None
-
-    api.admit = admit
-    return seen
-
-
-def test_the_agent_passes_the_policy_on_its_own_node(api, tmp_path, policy):
-    from gpu_tune.cluster.publisher import make_publisher
-    from tests.kubeapi import write_kubeconfig
-    from tests.test_kube import FAST, _want
-
-    pol = policy
-    n = node("gpu-1")
-    api.add_node("gpu-1", labels=n["metadata"]["labels"], taints=n["spec"]["taints"])
-    seen = enforce(api, pol, "gpu-1")
-    pub = make_publisher("gpu-1", str(write_kubeconfig(tmp_path / "kc", api.url)), False, **FAST)
-    for ready in (False, True, False, True):  # labels, annotations, taint off and on, condition flips
-        r = pub.publish(_want(ready))
-        assert r.ok, r.detail
-    assert len(seen) >= 6 and all(d == [] for d in seen)
-    labels = api.node("gpu-1")["metadata"]["labels"]
-    assert labels["gpu-tune.io/ready"] == "true" and labels["nvidia.com/gpu.present"] == "true"
-    assert labels["gpu-tune.io/profile-request"] == "training"
-
-
-def test_an_agent_writing_another_node_is_refused_with_the_policy_message(api, tmp_path, policy):
-    from gpu_tune.cluster.publisher import make_publisher
-    from tests.kubeapi import write_kubeconfig
-    from tests.test_kube import FAST, _want
-
-    pol = policy
-    api.add_node("gpu-2")
-    before = api.node("gpu-2")
-    enforce(api, pol, "gpu-1")  # a token from gpu-1's pod, used against gpu-2
-    pub = make_publisher("gpu-2", str(write_kubeconfig(tmp_path / "kc", api.url)), False, **FAST)
-    r = pub.publish(_want(True))
-    assert not r.ok
-    assert "refused by admission" in r.detail and "may not change Node gpu-2" in r.detail, r.detail
-    assert "ClusterRole" not in r.detail  # not mistaken for a missing RBAC rule
-    assert api.node("gpu-2") == before
+# The agent's own writes through the policy, on a real kube-apiserver with a pod-bound token:
+# tests/test_cluster_access.py.

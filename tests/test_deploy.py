@@ -31,7 +31,7 @@ DASHBOARD = MON_DIR / "dashboards" / "gpu-tune.json"
 K8S_VERSION = "1.33"
 OVERLAYS = ("audit", "training", "inference")
 KUSTOMIZATIONS = ("base", "overlays/audit", "overlays/training", "overlays/inference", "overlays/minikube",
-                  "monitoring", "fleet-viewer", "admission", ".")
+                  "monitoring", "fleet-viewer", "admission", "events", ".")
 OPERATOR_KINDS = {("monitoring.coreos.com/v1", "PodMonitor"), ("monitoring.coreos.com/v1", "ServiceMonitor"),
                   ("monitoring.coreos.com/v1", "PrometheusRule")}
 GPU_KEYS = ("feature.node.kubernetes.io/pci-10de.present", "nvidia.com/gpu.present")
@@ -112,11 +112,14 @@ def test_kustomize_renders(kdir):
         assert kinds == ["ClusterRole"]
     elif kdir == "admission":
         assert kinds == ["ValidatingAdmissionPolicy", "ValidatingAdmissionPolicyBinding"]
+    elif kdir == "events":
+        assert kinds == ["Role", "RoleBinding"]
     else:
-        agent = ["Namespace", "ServiceAccount", "ClusterRole", "ClusterRoleBinding", "Role", "RoleBinding",
-                 "ConfigMap", "DaemonSet"]
-        # base is the namespaced part; every deployable overlay adds the admission policy
-        extra = [] if kdir == "base" else ["ValidatingAdmissionPolicy", "ValidatingAdmissionPolicyBinding"]
+        agent = ["Namespace", "ServiceAccount", "ClusterRole", "ClusterRoleBinding", "ConfigMap", "DaemonSet"]
+        # base is the agent's own namespace; every deployable overlay adds the admission policy and
+        # the Events Role (in the namespace default)
+        extra = [] if kdir == "base" else ["ValidatingAdmissionPolicy", "ValidatingAdmissionPolicyBinding",
+                                           "Role", "RoleBinding"]
         assert kinds == sorted(agent + extra)
 
 
@@ -198,25 +201,26 @@ def grants_of(role: dict) -> set[tuple[str, str, str]]:
 
 def test_rbac_grants_exactly_the_calls_the_agent_makes():
     """Nodes get/patch and nodes/status patch cluster-wide (nodes are cluster-scoped); Events
-    create only in the agent's own namespace, through a Role. No list, watch or Event patch."""
-    docs = render("base")
+    create only in the namespace default (the only one where the API server keeps an Event about
+    a Node), through a Role. No list, watch or Event patch."""
+    docs = render("overlays/audit")
     role, crole = only(docs, "Role"), only(docs, "ClusterRole")
     sa = only(docs, "ServiceAccount")
     assert grants_of(crole) == {("", "nodes", "get"), ("", "nodes", "patch"), ("", "nodes/status", "patch")}
     assert grants_of(role) == {("", "events", "create")}
-    assert role["metadata"]["namespace"] == sa["metadata"]["namespace"]
+    assert role["metadata"]["namespace"] == "default" and sa["metadata"]["namespace"] == "gpu-tune"
     subject = [{"kind": "ServiceAccount", "name": sa["metadata"]["name"], "namespace": sa["metadata"]["namespace"]}]
     for kind, ref in (("ClusterRoleBinding", crole), ("RoleBinding", role)):
         binding = only(docs, kind)
         assert binding["roleRef"] == {"apiGroup": "rbac.authorization.k8s.io", "kind": ref["kind"],
                                       "name": ref["metadata"]["name"]}
         assert binding["subjects"] == subject
-    assert only(docs, "RoleBinding")["metadata"]["namespace"] == sa["metadata"]["namespace"]
+    assert only(docs, "RoleBinding")["metadata"]["namespace"] == "default"
     ds = daemonset("audit")
     assert ds["spec"]["template"]["spec"]["serviceAccountName"] == sa["metadata"]["name"]
-    # Events go where the Role is: the pod's own namespace, from the downward API
-    assert env_of(ds)["POD_NAMESPACE"]["valueFrom"]["fieldRef"]["fieldPath"] == "metadata.namespace"
-    assert ds["metadata"]["namespace"] == role["metadata"]["namespace"]
+    for overlay in ("overlays/training", "overlays/inference", "overlays/minikube", "."):
+        assert [d for d in render(overlay) if d["kind"] in ("Role", "RoleBinding")] == \
+            [d for d in docs if d["kind"] in ("Role", "RoleBinding")], overlay
 
 
 _CALL_GRANTS = [
@@ -228,16 +232,15 @@ _CALL_GRANTS = [
 
 
 def test_every_call_of_the_agent_is_granted_and_every_grant_is_used(api, tmp_path, monkeypatch):
-    """The agent's publisher over real HTTP through readiness transitions, a conflict and a
-    heartbeat: the (group, resource, verb) of each call it makes is exactly what the rendered RBAC
-    grants, Events in the Role's namespace."""
+    """The agent's publisher against the real API server through readiness transitions, a
+    conflict and a heartbeat: the (group, resource, verb) of each call it makes is exactly what
+    the rendered RBAC grants, Events in the Role's namespace (default)."""
     from gpu_tune.cluster.publisher import make_publisher
     from tests.kubeapi import write_kubeconfig
     from tests.test_kube import FAST, _want
 
-    docs = render("base")
+    docs = render("overlays/audit")
     role_ns = only(docs, "Role")["metadata"]["namespace"]
-    monkeypatch.setenv("POD_NAMESPACE", role_ns)
     api.add_node("gpu-1", taints=[{"key": "nvidia.com/gpu", "effect": "NoSchedule"}])
     pub = make_publisher("gpu-1", str(write_kubeconfig(tmp_path / "kc", api.url)), False,
                          heartbeat_s=0.001, **FAST)

@@ -28,7 +28,7 @@ from gpu_tune.cluster.labels import ANNOTATION_OWNED, ANNOTATION_TOPOLOGY, CONDI
 from gpu_tune.tune.policy import load_profile
 from gpu_tune.judge.probe.saved import load_probe_results, save_probe_results
 from tests.fixtures import hostgen
-from tests.kubeapi import KubeAPIServer, write_kubeconfig
+from tests.kubeapi import write_kubeconfig
 
 pytestmark = pytest.mark.slow
 
@@ -128,82 +128,81 @@ def condition(node: dict) -> dict | None:
 
 
 # -- a. the agent: enforce, CPU probe, publish to the Node, then quiet ----------------------------
-def test_serve_enforce_publishes_node_then_writes_nothing(tmp_path, procs):
+def test_serve_enforce_publishes_node_then_writes_nothing(tmp_path, procs, api):
     root = hostgen.build("small-2cpu", tmp_path / "host")
     node = "gpu-e2e-1"
-    with KubeAPIServer() as api:
-        api.add_node(node, labels=FOREIGN_LABELS, taints=[OUR_TAINT, FOREIGN_TAINT])
-        kubeconfig = write_kubeconfig(tmp_path / "kubeconfig", api.url)
-        port = free_port()
-        log = tmp_path / "serve.log"
-        proc = procs.serve(root, log, "--port", str(port), "--mode", "enforce", "--probe-device", "cpu",
-                           "--interval", "1", "--kubeconfig", str(kubeconfig), "--node", node)
-        base = f"http://127.0.0.1:{port}"
-        t0 = time.monotonic()
-        body = wait_for("/readiness 200", lambda: (lambda r: r[1] if r[0] == 200 else None)(http_get(base + "/readiness")),
-                        120, proc=proc, log=log)
-        ready_after = time.monotonic() - t0
-        writes_at_ready = api.writes[node]
-        bodies = list(api.bodies)
-        doc = json.loads(body)
-        assert doc["ready"] is True and doc["node"] == node and doc["profile"] == "training"
-        assert {c["name"] for c in doc["checks"]} >= {"tuning.compliant", "topology.published", "probe.cpu.passed"}
-        audit = json.loads(http_get(base + "/audit")[1])
-        assert audit["compliant"] is True and audit["profile"] == "training"
-        probes = json.loads(http_get(base + "/probe")[1])
-        assert probes[0]["gpu"] == "cpu" and probes[0]["passed"] is True
-        metrics = http_get(base + "/metrics")[1].decode()
-        assert "gpu_tune_ready 1.0" in metrics
-        assert 'gpu_tune_check_ok{check="topology.published"} 1.0' in metrics
-        assert 'gpu_tune_check_ok{check="tuning.compliant"} 1.0' in metrics
-        assert "gpu_tune_collector_success" not in metrics  # per-stage series: serve --metrics-detail
+    api.add_node(node, labels=FOREIGN_LABELS, taints=[OUR_TAINT, FOREIGN_TAINT])
+    kubeconfig = write_kubeconfig(tmp_path / "kubeconfig", api.url)
+    port = free_port()
+    log = tmp_path / "serve.log"
+    proc = procs.serve(root, log, "--port", str(port), "--mode", "enforce", "--probe-device", "cpu",
+                       "--interval", "1", "--kubeconfig", str(kubeconfig), "--node", node)
+    base = f"http://127.0.0.1:{port}"
+    t0 = time.monotonic()
+    body = wait_for("/readiness 200", lambda: (lambda r: r[1] if r[0] == 200 else None)(http_get(base + "/readiness")),
+                    120, proc=proc, log=log)
+    ready_after = time.monotonic() - t0
+    writes_at_ready = api.writes[node]
+    bodies = list(api.bodies)
+    doc = json.loads(body)
+    assert doc["ready"] is True and doc["node"] == node and doc["profile"] == "training"
+    assert {c["name"] for c in doc["checks"]} >= {"tuning.compliant", "topology.published", "probe.cpu.passed"}
+    audit = json.loads(http_get(base + "/audit")[1])
+    assert audit["compliant"] is True and audit["profile"] == "training"
+    probes = json.loads(http_get(base + "/probe")[1])
+    assert probes[0]["gpu"] == "cpu" and probes[0]["passed"] is True
+    metrics = http_get(base + "/metrics")[1].decode()
+    assert "gpu_tune_ready 1.0" in metrics
+    assert 'gpu_tune_check_ok{check="topology.published"} 1.0' in metrics
+    assert 'gpu_tune_check_ok{check="tuning.compliant"} 1.0' in metrics
+    assert "gpu_tune_collector_success" not in metrics  # per-stage series: serve --metrics-detail
 
-        # what the Node carries now (CONTRACT §6)
-        n = api.node(node)
-        labels = n["metadata"]["labels"]
-        mine = ours(labels)
-        assert mine[PREFIX + "profile"] == "training" and mine[PREFIX + "ready"] == "true"
-        assert mine[PREFIX + "numa-nodes"] == "1" and mine[PREFIX + "gpu-count"] == "0"
-        assert all(len(v) <= 63 for v in mine.values())
-        ann = n["metadata"]["annotations"]
-        assert ann[ANNOTATION_OWNED] == ",".join(sorted(mine))
-        topo = json.loads(ann[ANNOTATION_TOPOLOGY])
-        assert len(topo["numa_nodes"]) == 1 and topo["gpus"] == []
-        summary = json.loads(ann[PREFIX + "summary"])  # what `gpu-tune fleet` reads
-        assert summary["drift"] == 0 and summary["failing"] == []
-        assert summary["probe"]["cpu"]["status"] == "passed" and summary["probe"]["cpu"]["accuracy"] > 0.5
-        cond = condition(n)
-        assert cond is not None and cond["status"] == "True" and cond["reason"] == "AllChecksPassed"
-        assert n["spec"]["taints"] == [FOREIGN_TAINT]  # ours removed, the other kept as it was
-        for k, v in FOREIGN_LABELS.items():
-            assert labels[k] == v
-        assert labels["kubernetes.io/hostname"] == node
-        assert not any(k.startswith(("nvidia.com/", "feature.node.kubernetes.io/")) and k not in FOREIGN_LABELS
-                       for k in labels)
-        events = api.events_for(node)
-        assert events and events[-1]["reason"] == "GPUHostReady" and events[-1]["type"] == "Normal"
+    # what the Node carries now (CONTRACT §6)
+    n = api.node(node)
+    labels = n["metadata"]["labels"]
+    mine = ours(labels)
+    assert mine[PREFIX + "profile"] == "training" and mine[PREFIX + "ready"] == "true"
+    assert mine[PREFIX + "numa-nodes"] == "1" and mine[PREFIX + "gpu-count"] == "0"
+    assert all(len(v) <= 63 for v in mine.values())
+    ann = n["metadata"]["annotations"]
+    assert ann[ANNOTATION_OWNED] == ",".join(sorted(mine))
+    topo = json.loads(ann[ANNOTATION_TOPOLOGY])
+    assert len(topo["numa_nodes"]) == 1 and topo["gpus"] == []
+    summary = json.loads(ann[PREFIX + "summary"])  # what `gpu-tune fleet` reads
+    assert summary["drift"] == 0 and summary["failing"] == []
+    assert summary["probe"]["cpu"]["status"] == "passed" and summary["probe"]["cpu"]["accuracy"] > 0.5
+    cond = condition(n)
+    assert cond is not None and cond["status"] == "True" and cond["reason"] == "AllChecksPassed"
+    assert n["spec"]["taints"] == [FOREIGN_TAINT]  # ours removed, the other kept as it was
+    for k, v in FOREIGN_LABELS.items():
+        assert labels[k] == v
+    assert labels["kubernetes.io/hostname"] == node
+    assert not any(k.startswith(("nvidia.com/", "feature.node.kubernetes.io/")) and k not in FOREIGN_LABELS
+                   for k in labels)
+    events = api.events_for(node)
+    assert events and events[-1]["reason"] == "GPUHostReady" and events[-1]["type"] == "Normal"
 
-        # writes on a first start: the agent holds its first publish until the first probe verdict,
-        # so the node is written once: labels+annotations+taint, the condition, the Event (<= 4)
-        first_true = next(i for i, (m, path, _, b) in enumerate(bodies)
-                          if path.endswith(f"/nodes/{node}") and
-                          (b.get("metadata") or {}).get("labels", {}).get(PREFIX + "ready") == "true")
-        ready_pass = bodies[first_true:]
-        assert len(ready_pass) <= 4, ready_pass
-        assert [p.rsplit("/", 1)[-1] for _, p, _, _ in ready_pass] == [node, "status", "events"]
-        assert writes_at_ready == len(ready_pass) == 3, bodies
+    # writes on a first start: the agent holds its first publish until the first probe verdict,
+    # so the node is written once: labels+annotations+taint, the condition, the Event (<= 4)
+    first_true = next(i for i, (m, path, _, b) in enumerate(bodies)
+                      if path.endswith(f"/nodes/{node}") and
+                      (b.get("metadata") or {}).get("labels", {}).get(PREFIX + "ready") == "true")
+    ready_pass = bodies[first_true:]
+    assert len(ready_pass) <= 4, ready_pass
+    assert [p.rsplit("/", 1)[-1] for _, p, _, _ in ready_pass] == [node, "status", "events"]
+    assert writes_at_ready == len(ready_pass) == 3, bodies
 
-        # steady: two more full passes (one GET each) write nothing
-        reads = api.reads[node]
-        wait_for("3 more passes", lambda: api.reads[node] >= reads + 3, 20, proc=proc, log=log, step=0.1)
-        assert api.writes[node] == writes_at_ready, api.bodies[len(bodies):]
+    # steady: two more full passes (one GET each) write nothing
+    reads = api.reads[node]
+    wait_for("3 more passes", lambda: api.reads[node] >= reads + 3, 20, proc=proc, log=log, step=0.1)
+    assert api.writes[node] == writes_at_ready, api.bodies[len(bodies):]
 
-        # the agent saved its probe verdict for `gpu-tune label`
-        saved = load_probe_results(HostFS(root), "training")
-        assert saved and saved[0]["gpu"] == "cpu" and saved[0]["passed"] is True
+    # the agent saved its probe verdict for `gpu-tune label`
+    saved = load_probe_results(HostFS(root), "training")
+    assert saved and saved[0]["gpu"] == "cpu" and saved[0]["passed"] is True
 
-        proc.send_signal(signal.SIGTERM)
-        assert proc.wait(20) == 0, log.read_text()[-2000:]
+    proc.send_signal(signal.SIGTERM)
+    assert proc.wait(20) == 0, log.read_text()[-2000:]
     # no --revert-on-exit: the settings enforce wrote stay
     assert (root / "proc/sys/vm/swappiness").read_text().strip() == "0"
     assert (root / "sys/kernel/mm/transparent_hugepage/enabled").read_text().strip() == "always"
@@ -230,53 +229,52 @@ def _ready_host(tmp_path: Path) -> Path:
     return root
 
 
-def test_label_cli_publishes_once_then_nothing(tmp_path):
+def test_label_cli_publishes_once_then_nothing(tmp_path, api):
     root = _ready_host(tmp_path)
     node = "gpu-e2e-2"
-    with KubeAPIServer() as api:
-        api.add_node(node, labels=FOREIGN_LABELS, taints=[OUR_TAINT, FOREIGN_TAINT])
-        api.add_node("locked-down")
-        kc = str(write_kubeconfig(tmp_path / "kubeconfig", api.url))
-        cmd = ("--root", str(root), "--gpu-backend", "none", "label", "--kubeconfig", kc)
+    api.add_node(node, labels=FOREIGN_LABELS, taints=[OUR_TAINT, FOREIGN_TAINT])
+    api.add_node("locked-down")
+    kc = str(write_kubeconfig(tmp_path / "kubeconfig", api.url))
+    cmd = ("--root", str(root), "--gpu-backend", "none", "label", "--kubeconfig", kc)
 
-        first = gpu_tune(*cmd, "--node", node)
-        assert first.returncode == 0, first.stdout + first.stderr
-        out = first.stdout
-        assert f"node {node}: ready" in out
-        assert "changed: label gpu-tune.io/ready=true" in out and "changed: label gpu-tune.io/profile=training" in out
-        assert f"changed: taint {TAINT_KEY}:{TAINT_EFFECT} removed" in out
-        assert f"changed: condition {CONDITION_TYPE}=True (AllChecksPassed) added" in out
-        assert "changed: event GPUHostReady" in out
-        assert api.writes[node] == 3  # labels+annotations+taint, condition, Event
-        n = api.node(node)
-        assert n["spec"]["taints"] == [FOREIGN_TAINT] and condition(n)["status"] == "True"
-        assert ours(n["metadata"]["labels"])[PREFIX + "ready"] == "true"
-        assert all(n["metadata"]["labels"][k] == v for k, v in FOREIGN_LABELS.items())
-        summary = json.loads(n["metadata"]["annotations"][PREFIX + "summary"])
-        assert summary == {"v": 1, "drift": 0, "failing": [],
-                           "probe": {"cpu": {"status": "passed", "accuracy": 0.955}}}
+    first = gpu_tune(*cmd, "--node", node)
+    assert first.returncode == 0, first.stdout + first.stderr
+    out = first.stdout
+    assert f"node {node}: ready" in out
+    assert "changed: label gpu-tune.io/ready=true" in out and "changed: label gpu-tune.io/profile=training" in out
+    assert f"changed: taint {TAINT_KEY}:{TAINT_EFFECT} removed" in out
+    assert f"changed: condition {CONDITION_TYPE}=True (AllChecksPassed) added" in out
+    assert "changed: event GPUHostReady" in out
+    assert api.writes[node] == 3  # labels+annotations+taint, condition, Event
+    n = api.node(node)
+    assert n["spec"]["taints"] == [FOREIGN_TAINT] and condition(n)["status"] == "True"
+    assert ours(n["metadata"]["labels"])[PREFIX + "ready"] == "true"
+    assert all(n["metadata"]["labels"][k] == v for k, v in FOREIGN_LABELS.items())
+    summary = json.loads(n["metadata"]["annotations"][PREFIX + "summary"])
+    assert summary == {"v": 1, "drift": 0, "failing": [],
+                       "probe": {"cpu": {"status": "passed", "accuracy": 0.955}}}
 
-        second = gpu_tune(*cmd, "--node", node)
-        assert second.returncode == 0, second.stdout + second.stderr
-        assert "changed: nothing" in second.stdout and "writes: 0" in second.stdout
-        assert api.writes[node] == 3
+    second = gpu_tune(*cmd, "--node", node)
+    assert second.returncode == 0, second.stdout + second.stderr
+    assert "changed: nothing" in second.stdout and "writes: 0" in second.stdout
+    assert api.writes[node] == 3
 
-        # someone drops one of our labels: a dry run names the change and writes nothing
-        api.edit_node(node, {"metadata": {"labels": {PREFIX + "numa-nodes": None}}})
-        dry = gpu_tune(*cmd, "--node", node, "--dry-run")
-        assert dry.returncode == 0, dry.stdout + dry.stderr
-        assert "would change: label gpu-tune.io/numa-nodes=1" in dry.stdout
-        assert api.writes[node] == 3 and PREFIX + "numa-nodes" not in api.node(node)["metadata"]["labels"]
+    # someone drops one of our labels: a dry run names the change and writes nothing
+    api.edit_node(node, {"metadata": {"labels": {PREFIX + "numa-nodes": None}}})
+    dry = gpu_tune(*cmd, "--node", node, "--dry-run")
+    assert dry.returncode == 0, dry.stdout + dry.stderr
+    assert "would change: label gpu-tune.io/numa-nodes=1" in dry.stdout
+    assert api.writes[node] == 3 and PREFIX + "numa-nodes" not in api.node(node)["metadata"]["labels"]
 
-        # no RBAC for nodes/status: exit 1 and the rule that is missing
-        api.fail(r"^/api/v1/nodes/locked-down/status$", 403, method="PATCH")
-        denied = gpu_tune(*cmd, "--node", "locked-down")
-        assert denied.returncode == 1, denied.stdout + denied.stderr
-        text = denied.stdout + denied.stderr
-        assert "forbidden: may not patch nodes/status" in text
-        assert 'resources: ["nodes/status"], verbs: ["patch"]' in text
-        assert "Traceback" not in text
-        assert condition(api.node("locked-down")) is None
+    # no RBAC for nodes/status: exit 1 and the rule that is missing
+    api.fail(r"^/api/v1/nodes/locked-down/status$", 403, method="PATCH")
+    denied = gpu_tune(*cmd, "--node", "locked-down")
+    assert denied.returncode == 1, denied.stdout + denied.stderr
+    text = denied.stdout + denied.stderr
+    assert "forbidden: may not patch nodes/status" in text
+    assert 'resources: ["nodes/status"], verbs: ["patch"]' in text
+    assert "Traceback" not in text
+    assert condition(api.node("locked-down")) is None
 
 
 # -- c. a real Prometheus scrapes the agent ---------------------------------------------------------

@@ -208,16 +208,8 @@ def test_stale_after_flag(fleet):
 def test_expired_continue_token_restarts_the_list_once(fleet, monkeypatch):
     api, kc, expected = fleet
     cfg, source = reader_configuration(kc)
-    real = api._list_nodes
-    calls = {"n": 0}
-
-    def expire_after_first_page(auth, query):
-        calls["n"] += 1
-        if calls["n"] == 2:
-            api.expire_continue_tokens()  # etcd compacted between pages
-        return real(auth, query)
-
-    monkeypatch.setattr(api, "_list_nodes", expire_after_first_page)
+    # etcd compacted between the first and the second page: the proxy answers the token 410
+    api.proxy.list_hook = lambda n: api.expire_continue_tokens() if n == 2 else None
     listing = list_nodes(cfg, page_size=25, source=source)
     assert len(listing.items) == 59 and len({n["metadata"]["name"] for n in listing.items}) == 59
     # page 1, page 2 refused (410), then pages 1..3 again
@@ -250,9 +242,10 @@ def test_api_server_down_is_one_line_exit_3(api, tmp_path):
 
 
 @pytest.mark.slow
-def test_forbidden_names_the_cluster_role(fleet):
-    api, kc, _ = fleet
-    api.fail(r"^/api/v1/nodes$", 403)
+def test_forbidden_names_the_cluster_role(fleet, tmp_path):
+    api, _, _ = fleet
+    api.service_account("fleet-test", "nobody")  # a real identity the API server refuses the list
+    kc = str(api.kubeconfig(tmp_path / "kc-nobody", api.cp.token("fleet-test", "nobody")))
     err = one_line_error(fleet_cli(kc), 3)
     assert "forbidden: may not list nodes" in err and "cannot list resource" in err
     assert "--clusterrole=gpu-tune-fleet-viewer" in err

@@ -352,60 +352,58 @@ def test_verdict_uses_the_previous_read_before_publishing():
     assert final.ready
 
 
-def test_publisher_reads_capacity_from_the_node(tmp_path):
+def test_publisher_reads_capacity_from_the_node(tmp_path, api):
     from gpu_tune.cluster.publisher import make_publisher
-    from tests.kubeapi import KubeAPIServer, write_kubeconfig
+    from tests.kubeapi import write_kubeconfig
     from tests.test_kube import _want
 
-    with KubeAPIServer() as api:
-        api.add_node("gpu-1", capacity={"nvidia.com/gpu": "8"}, allocatable={"nvidia.com/gpu": "7"})
-        api.add_node("cpu-1")
-        kc = str(write_kubeconfig(tmp_path / "kc", api.url))
-        pub = make_publisher("gpu-1", kc, False, attempts=2, backoff_base_s=0.01, retry_budget_s=2.0)
-        r = pub.publish(_want(True))
-        assert (r.node_read, r.gpu_capacity, r.gpu_allocatable) == (True, 8, 7)
-        api.edit_node("gpu-1", {"status": {"capacity": {"nvidia.com/gpu": "6"}}})  # the plugin lost 2
-        r = pub.publish(_want(True))
-        assert r.gpu_capacity == 6 and r.as_dict()["gpu_capacity"] == 6
-        pub.close()
-        pub = make_publisher("cpu-1", kc, False, attempts=2, backoff_base_s=0.01, retry_budget_s=2.0)
-        r = pub.publish(_want(True), dry_run=True)
-        assert (r.node_read, r.gpu_capacity) == (True, None)
-        pub.close()
-        pub = make_publisher("gone", kc, False, attempts=2, backoff_base_s=0.01, retry_budget_s=2.0)
-        r = pub.publish(_want(True))
-        assert not r.ok and not r.node_read
-        pub.close()
+    api.add_node("gpu-1", capacity={"nvidia.com/gpu": "8"}, allocatable={"nvidia.com/gpu": "7"})
+    api.add_node("cpu-1")
+    kc = str(write_kubeconfig(tmp_path / "kc", api.url))
+    pub = make_publisher("gpu-1", kc, False, attempts=2, backoff_base_s=0.01, retry_budget_s=2.0)
+    r = pub.publish(_want(True))
+    assert (r.node_read, r.gpu_capacity, r.gpu_allocatable) == (True, 8, 7)
+    api.edit_node("gpu-1", {"status": {"capacity": {"nvidia.com/gpu": "6"}}})  # the plugin lost 2
+    r = pub.publish(_want(True))
+    assert r.gpu_capacity == 6 and r.as_dict()["gpu_capacity"] == 6
+    pub.close()
+    pub = make_publisher("cpu-1", kc, False, attempts=2, backoff_base_s=0.01, retry_budget_s=2.0)
+    r = pub.publish(_want(True), dry_run=True)
+    assert (r.node_read, r.gpu_capacity) == (True, None)
+    pub.close()
+    pub = make_publisher("gone", kc, False, attempts=2, backoff_base_s=0.01, retry_budget_s=2.0)
+    r = pub.publish(_want(True))
+    assert not r.ok and not r.node_read
+    pub.close()
 
 
-def test_agent_not_ready_when_the_device_plugin_lost_gpus(tmp_path, monkeypatch):
+def test_agent_not_ready_when_the_device_plugin_lost_gpus(tmp_path, monkeypatch, api):
     """The real stages: fixture GPUs, the test API server's Node with 7 of 8 GPUs advertised."""
     from gpu_tune.cluster.labels import CONDITION_TYPE
     from gpu_tune.serve.agent import Agent
     from gpu_tune.serve.options import ServeOptions
     from gpu_tune.serve.stages import default_stages
     from tests.fixtures import hostgen
-    from tests.kubeapi import KubeAPIServer, write_kubeconfig
+    from tests.kubeapi import write_kubeconfig
 
     root = hostgen.build("link-degraded", tmp_path / "host")  # 2 GPUs
-    with KubeAPIServer() as api:
-        api.add_node("gpu-7", capacity={"nvidia.com/gpu": "1"})
-        kc = str(write_kubeconfig(tmp_path / "kc", api.url))
-        st = default_stages(ServeOptions(root=str(root), gpu_backend="fixture",
-                                         gpu_fixture=str(GPU_DIR / "link-degraded.json"), kubeconfig=kc,
-                                         node="gpu-7"))
-        agent = Agent(st, probe_enabled=False)
-        snap = agent.run_pass()
-        checks = {c.name: c for c in snap.verdict.checks}
-        assert not checks["gpu.allocatable"].ok
-        assert "nvidia.com/gpu 1, the host has 2 GPU(s)" in checks["gpu.allocatable"].detail
-        agent.run_pass()  # the next pass decides the condition with what the last one read
-        cond = next(c for c in api.node("gpu-7")["status"]["conditions"] if c["type"] == CONDITION_TYPE)
-        assert cond["status"] == "False" and "gpu.allocatable" in cond["message"]
-        api.edit_node("gpu-7", {"status": {"capacity": {"nvidia.com/gpu": "2"}}})
-        snap = agent.run_pass()
-        assert {c.name: c for c in snap.verdict.checks}["gpu.allocatable"].ok
-        st.close()
+    api.add_node("gpu-7", capacity={"nvidia.com/gpu": "1"})
+    kc = str(write_kubeconfig(tmp_path / "kc", api.url))
+    st = default_stages(ServeOptions(root=str(root), gpu_backend="fixture",
+                                     gpu_fixture=str(GPU_DIR / "link-degraded.json"), kubeconfig=kc,
+                                     node="gpu-7"))
+    agent = Agent(st, probe_enabled=False)
+    snap = agent.run_pass()
+    checks = {c.name: c for c in snap.verdict.checks}
+    assert not checks["gpu.allocatable"].ok
+    assert "nvidia.com/gpu 1, the host has 2 GPU(s)" in checks["gpu.allocatable"].detail
+    agent.run_pass()  # the next pass decides the condition with what the last one read
+    cond = next(c for c in api.node("gpu-7")["status"]["conditions"] if c["type"] == CONDITION_TYPE)
+    assert cond["status"] == "False" and "gpu.allocatable" in cond["message"]
+    api.edit_node("gpu-7", {"status": {"capacity": {"nvidia.com/gpu": "2"}}})
+    snap = agent.run_pass()
+    assert {c.name: c for c in snap.verdict.checks}["gpu.allocatable"].ok
+    st.close()
 
 
 def test_no_kube_lists_allocatable_as_not_checked(make_host):

@@ -24,10 +24,12 @@ One pass (:meth:`KubePublisher.publish`):
    ``lastHeartbeatTime`` is older than ``heartbeat_s`` (default :data:`HEARTBEAT_S`, 10 minutes):
    that is how ``gpu-tune fleet`` tells a live agent from a stopped one (``fleet --stale-after``).
    Passes in between write nothing.
-5. On a status flip (or the first condition): one core v1 Event on the Node, in the agent's own
-   namespace (:func:`event_namespace`: ``POD_NAMESPACE``, else the service account's namespace
-   file, else ``default``), so that a namespaced Role is all it needs. If posting it fails, it is
-   kept and posted on the next pass.
+5. On a status flip (or the first condition): one core v1 Event on the Node, in the namespace
+   ``default`` (:data:`NODE_EVENT_NAMESPACE`): the only namespace where the API server keeps an
+   Event about a cluster-scoped object (anywhere else it answers 422 "involvedObject.namespace:
+   Invalid value: "": does not match event.namespace"); the kubelet posts its Node events there
+   too. A Role in ``default`` granting ``create`` on ``events`` is all it needs. If posting it
+   fails, it is kept and posted on the next pass.
 
 409 -> read again and retry; 429, 5xx and connection errors -> retry with jittered exponential
 backoff (bounded in attempts and seconds); 403 -> the pass fails with the RBAC rule that is
@@ -45,7 +47,6 @@ import socket
 import threading
 import time
 from dataclasses import dataclass, field
-from pathlib import Path
 from typing import Any, Callable, Protocol
 
 from gpu_tune.cluster.api import (
@@ -73,10 +74,10 @@ from gpu_tune.errors import InputError
 
 log = logging.getLogger("gpu_tune.kube")
 
-SERVICE_NAMESPACE_FILE = "/var/run/secrets/kubernetes.io/serviceaccount/namespace"
-POD_NAMESPACE_ENV = "POD_NAMESPACE"  # the downward API's metadata.namespace
-# Outside a pod (a person's `gpu-tune label --kubeconfig`): where the kubelet puts Node events.
-EVENT_NAMESPACE = "default"
+# Where an Event about a Node can live: kube-apiserver validates a core/v1 Event about a
+# cluster-scoped object (involvedObject.namespace "") only in "default" (or, with an eventTime,
+# "kube-system"), whatever namespace the agent itself runs in. The kubelet's Node events are there.
+NODE_EVENT_NAMESPACE = "default"
 COMPONENT = "gpu-tune"
 HEARTBEAT_S = 600.0  # the GPUHostReady condition is re-written at least this often (seconds)
 
@@ -193,7 +194,7 @@ class KubePublisher:
         configuration: Any,
         *,
         source: str = "",
-        event_namespace: str = EVENT_NAMESPACE,
+        event_namespace: str = NODE_EVENT_NAMESPACE,
         request_timeout: tuple[float, float] = (3.0, 10.0),
         attempts: int = 5,
         conflict_attempts: int = 5,
@@ -405,33 +406,6 @@ class KubePublisher:
 
 
 # -- choosing ---------------------------------------------------------------------------------
-def _is_namespace_name(name: str) -> bool:
-    """A DNS-1123 label, as namespace names are."""
-    import re
-
-    return len(name) <= 63 and re.fullmatch(r"[a-z0-9]([-a-z0-9]*[a-z0-9])?", name) is not None
-
-
-def event_namespace() -> str:
-    """The namespace the agent posts its Events to: its own pod's.
-
-    ``POD_NAMESPACE`` (the downward API's ``metadata.namespace``), else the in-cluster service
-    account's namespace file, else :data:`EVENT_NAMESPACE` (``default``, for a kubeconfig run
-    outside a pod). InputError for a value that is not a namespace name."""
-    value, where = os.environ.get(POD_NAMESPACE_ENV, "").strip(), POD_NAMESPACE_ENV
-    if not value:
-        where = SERVICE_NAMESPACE_FILE
-        try:
-            value = Path(SERVICE_NAMESPACE_FILE).read_text(encoding="utf-8").strip()
-        except (OSError, UnicodeDecodeError):
-            value = ""
-    if not value:
-        return EVENT_NAMESPACE
-    if not _is_namespace_name(value):
-        raise InputError(f"{where} {value[:80]!r}: not a namespace name (lower-case DNS-1123 label)")
-    return value
-
-
 def node_name(option: str | None) -> str:
     """The agent's Node: ``--node``, else ``NODE_NAME`` (the downward API's ``spec.nodeName``),
     else this host's name."""
@@ -460,7 +434,6 @@ def make_publisher(node_name: str | None, kubeconfig: str | None, no_kube: bool,
         return pub
     if node is None:
         raise InputError("node name: pass --node NAME or set NODE_NAME (the downward API's spec.nodeName)")
-    options.setdefault("event_namespace", event_namespace())
 
     cfg, source = agent_configuration(kubeconfig, where)
     pub = KubePublisher(node, cfg, source=source, **options)
