@@ -174,8 +174,7 @@ def test_revert_restores_reports_and_stops_enforcing(api, kubeconfig, host, via)
     assert swappiness(host) == "0"
     if via == "node-label":
         api.edit_node("n1", {"metadata": {"labels": {PREFIX + "mode": "revert"}}})
-        agent = enforcing
-        agent.run_pass()  # publishes, and reads the label
+        agent = enforcing  # the very next pass reads the label and reverts
     else:
         agent = make_agent(host, kubeconfig, "n1", mode="revert")  # the DaemonSet's --mode revert
         agent.run_probe_once()
@@ -194,13 +193,14 @@ def test_revert_restores_reports_and_stops_enforcing(api, kubeconfig, host, via)
     assert n["spec"]["taints"] == [FOREIGN]  # a reverted node is not tainted
     # it stays reverted: the agent does not re-apply, and a steady reverted node makes no write
     writes = api.writes["n1"]
+    api.reset_counts()
     for _ in range(3):
         agent.run_pass()
-    assert swappiness(host) == "60" and api.writes["n1"] == writes
+    assert swappiness(host) == "60" and api.writes["n1"] == 0
+    assert api.reads["n1"] == 3  # the Node read once a pass, at its start, and reused by the publish
     if via == "node-label":  # the label taken off: the agent enforces again
         api.edit_node("n1", {"metadata": {"labels": {PREFIX + "mode": None}}})
-        agent.run_pass()
-        assert agent.run_pass().mode == "enforce"
+        assert agent.run_pass().mode == "enforce"  # in the next pass, not one later
         assert swappiness(host) == "0"
 
 

@@ -221,6 +221,7 @@ class KubePublisher:
         self._lock = threading.Lock()
         self._pending_event: dict[str, Any] | None = None
         self._node_cache: dict[str, Any] | None = None  # the Node as last read or written
+        self._prefetched: dict[str, Any] | None = None  # read() just before a publish(): reused once
 
     def describe(self) -> str:
         return (f"kubernetes: node {self.node} via {self.source or 'configuration'} ({self._host}), "
@@ -285,13 +286,16 @@ class KubePublisher:
         return node
 
     def read(self) -> PublishResult:
-        """One read of the Node, no write: the facts a verdict needs before the first publish
+        """One read of the Node, no write: the facts a verdict needs before it is published
         (device-plugin capacity, the labels saying the node has GPUs, the mode label, the
-        condition as the previous agent left it)."""
+        condition as the previous agent left it). The next :meth:`publish` starts from this read
+        instead of reading again (the agent reads at the start of a pass and publishes at its end:
+        one GET per pass)."""
         with self._lock:
             ctx = _Pass()
+            self._prefetched = None
             try:
-                self._read_node(ctx)
+                self._prefetched = self._read_node(ctx)
                 return ctx.result(True, f"node {self.node} read")
             except _Failed as f:
                 return ctx.result(False, f.detail)
@@ -316,7 +320,11 @@ class KubePublisher:
             return ctx.result(False, detail)
 
     def _publish(self, want: NodeWant, ctx: _Pass, dry_run: bool) -> str:
-        node = self._read_node(ctx)
+        node, self._prefetched = self._prefetched, None
+        if node is None:
+            node = self._read_node(ctx)
+        else:  # read by read() at the start of this pass; a stale one is caught by the 409 below
+            ctx.node = ctx.first = node
         if dry_run:
             plan = plan_node(node, want, heartbeat_s=self._heartbeat)
             ctx.changed.extend(plan.changed)

@@ -167,8 +167,11 @@ class Agent:
         else:
             errors["gpus"] = st.error
 
-        if self._last_publish is None and self.stages.read_node is not None:
-            facts, st = self._run("read", self.stages.read_node)  # before the first publish
+        if self.stages.read_node is not None:
+            # The Node first, every pass: the mode label a person set takes effect in this pass (not
+            # the next one), and the first verdict already knows the device plugin's capacity. The
+            # publish below reuses this read: a steady pass still makes one GET and no write.
+            facts, st = self._run("read", self.stages.read_node)
             if st.success and field_of(facts, "node_read", False):
                 self._note_facts(facts)
         mode = self.effective_mode()
@@ -274,8 +277,8 @@ class Agent:
 
     def effective_mode(self) -> str:
         """``--mode``, unless the Node's ``gpu-tune.io/mode`` label asks for one that writes less
-        (``audit``: stop enforcing, ``revert``: take the node back). Read from the Node every
-        publish, so a label change takes effect on the next pass, without a restart."""
+        (``audit``: stop enforcing, ``revert``: take the node back). Read from the Node at the start
+        of every pass, so a label change takes effect in the next pass, without a restart."""
         want = field_of(self._facts, "mode_request") if self._facts is not None else None
         note = None
         mode = self.mode
