@@ -257,7 +257,7 @@ def test_label_judges_device_plugin_capacity_as_serve_does(api, kubeconfig, tmp_
     doc = json.loads(out.stdout)
     by_name = {c["name"]: c for c in doc["checks"]}
     assert doc["ready"] is False and by_name["gpu.allocatable"]["ok"] is False
-    assert "advertises nvidia.com/gpu 7" in by_name["gpu.allocatable"]["detail"]
+    assert "7 of 8 GPUs offered by the device plugin" in by_name["gpu.allocatable"]["detail"]
     assert "gpu.allocatable" in condition(api.node("n1"))["message"]
 
     api.add_node("n2", capacity={"nvidia.com/gpu": "7"})

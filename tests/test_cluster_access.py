@@ -293,3 +293,31 @@ def test_label_with_the_agents_token_publishes_and_posts_its_event(api, agent, m
     (ev,) = api.events_for("gpu-1")
     assert ev["metadata"]["namespace"] == "default" and ev["reason"] == "GPUHostNotReady"
     assert ev["message"].startswith(cond["reason"] + ": ")
+def test_a_gpu_node_without_a_visible_gpu_says_so_in_its_condition(api, agent, make_host):
+    api.add_node("gpu-1", labels={"nvidia.com/gpu.present": "true"})
+    _, kc = agent("gpu-1")
+    proc = label_cli(make_host("small-2cpu"), kc, "gpu-1")  # untuned host, no GPU backend
+    assert proc.returncode == 0, proc.stderr[-2000:]
+    cond = next(c for c in api.node("gpu-1")["status"]["conditions"] if c["type"] == CONDITION_TYPE)
+    assert cond["status"] == "False" and cond["reason"] == "GpusNotVisible", cond
+    assert cond["message"].startswith("gpu.visible: the Node says it has NVIDIA GPUs (label "
+                                      "nvidia.com/gpu.present=true) but the agent sees none"), cond["message"]
+    assert "also failing: tuning.compliant" in cond["message"]
+
+
+def test_a_device_plugin_offering_7_of_8_gpus_says_7_of_8(api, agent, make_host, gpu_fixture):
+    api.add_node("gpu-1", labels={"nvidia.com/gpu.present": "true"}, capacity={"nvidia.com/gpu": "7"})
+    _, kc = agent("gpu-1")
+    gpus = gpu_fixture("dgx-8gpu")
+    doc = json.loads(gpus.read_text())
+    for g in doc["gpus"]:  # eight healthy GPUs: the device plugin's shortfall is the node's worst fault
+        g["persistence_mode"] = True
+    gpus.write_text(json.dumps(doc))
+    proc = label_cli(make_host("dgx-8gpu"), kc, "gpu-1", gpu=("--gpu-fixture", str(gpus)))
+    assert proc.returncode == 0, proc.stderr[-2000:]
+    cond = next(c for c in api.node("gpu-1")["status"]["conditions"] if c["type"] == CONDITION_TYPE)
+    assert cond["reason"] == "DevicePluginMissingGpus", cond
+    assert cond["message"].startswith("gpu.allocatable: 7 of 8 GPUs offered by the device plugin"), cond["message"]
+    # what `kubectl describe node` shows
+    described = run_kubectl(api.cp.kubeconfig, "describe", "node", "gpu-1").stdout
+    assert "7 of 8 GPUs offered by the device plugin" in described and "DevicePluginMissingGpus" in described

@@ -315,7 +315,7 @@ def test_allocatable_equal_fewer_more():
     c = allocatable_check(GPUS8, _pub(8))
     assert c.ok and c.detail == "nvidia.com/gpu 8 for 8 GPU(s) (8 GPU(s) on the host)"
     c = allocatable_check(GPUS8, _pub(7))
-    assert not c.ok and c.detail.startswith("the device plugin advertises nvidia.com/gpu 7, the host has 8 GPU(s)")
+    assert not c.ok and c.detail.startswith("7 of 8 GPUs offered by the device plugin (nvidia.com/gpu 7; 8 GPU(s) on the host)")
     assert "restart the device plugin pod" in c.detail
     c = allocatable_check(GPUS8, _pub(16))
     assert c.ok and "time-slicing replicas or MIG devices" in c.detail
@@ -396,7 +396,7 @@ def test_agent_not_ready_when_the_device_plugin_lost_gpus(tmp_path, monkeypatch,
     snap = agent.run_pass()
     checks = {c.name: c for c in snap.verdict.checks}
     assert not checks["gpu.allocatable"].ok
-    assert "nvidia.com/gpu 1, the host has 2 GPU(s)" in checks["gpu.allocatable"].detail
+    assert "1 of 2 GPUs offered by the device plugin" in checks["gpu.allocatable"].detail
     agent.run_pass()  # the next pass decides the condition with what the last one read
     cond = next(c for c in api.node("gpu-7")["status"]["conditions"] if c["type"] == CONDITION_TYPE)
     assert cond["status"] == "False" and "gpu.allocatable" in cond["message"]

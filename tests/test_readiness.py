@@ -159,7 +159,9 @@ def test_probe_timeout_and_publish_forbidden():
     assert c["probe.0.passed"].detail.startswith("timeout: no result within 300s")
     assert "timeout" in c["probe.0.passed"].detail
     assert not c["topology.published"].ok and "grant patch on nodes/status" in c["topology.published"].detail
-    assert v.message() == "failed: topology.published, probe.0.passed"
+    # the most urgent failing check leads, with its figures; the others are named
+    assert v.reason() == "ProbeFailed"
+    assert v.message() == "probe.0.passed: timeout: no result within 300s; also failing: topology.published"
 
 
 def test_no_probe_yet_is_not_ready():
@@ -177,3 +179,52 @@ def test_a_skipped_probe_that_counts_as_passed_says_why():
     c1, c0 = probe_checks([mig, busy])
     assert c1.ok and c1.detail == "skipped: " + mig["reasons"][0]
     assert c0.ok and c0.detail == "skipped: GPU 0 is busy: the previous verdict stands; previous run passed (accuracy 0.950)"
+
+
+# -- the condition: the most urgent failing check, with its figures --------------------------------
+class Facts:
+    """What the publisher read from the Node."""
+
+    def __init__(self, *, expected=(), cap=None, alloc=None) -> None:
+        self.node_read, self.ok, self.detail = True, True, "node read"
+        self.gpu_expected, self.gpu_capacity, self.gpu_allocatable = tuple(expected), cap, alloc
+
+
+def test_a_gpu_node_without_a_visible_gpu_is_named_before_a_drifting_sysctl():
+    v = verdict(profile=Profile(name="training"), audit=AUDIT_DRIFT, gpus=[], probes=PROBE_OK,
+                last_publish=Facts(expected=("nvidia.com/gpu.present=true",)))
+    assert [c.name for c in v.failed][0] == "tuning.compliant"  # listed first, still not the reason
+    assert v.reason() == "GpusNotVisible"
+    msg = v.message()
+    assert msg.startswith("gpu.visible: the Node says it has NVIDIA GPUs (nvidia.com/gpu.present=true) but the "
+                          "agent sees none; also failing: tuning.compliant"), msg
+
+
+def test_the_message_carries_the_device_plugins_figures():
+    gpus = [h100(i) for i in range(8)]
+    v = verdict(profile=Profile(name="training"), audit=AUDIT_DRIFT, gpus=gpus, probes=PROBE_OK,
+                last_publish=Facts(cap=7, alloc=7))
+    assert v.reason() == "DevicePluginMissingGpus"
+    assert v.message().startswith("gpu.allocatable: 7 of 8 GPUs offered by the device plugin"), v.message()
+    assert "also failing: tuning.compliant" in v.message()
+
+
+def test_urgency_order_and_a_steady_message():
+    hot = h100(0, temperature_c=91.0)
+    v = verdict(profile=load_profile_training(), audit=AUDIT_DRIFT, gpus=[hot, h100(1)], probes=[])
+    assert v.reason() == "GpuUnhealthy"
+    assert v.message().startswith("gpu.0.healthy: GPU 0: temperature above 87 C"), v.message()
+    hotter = verdict(profile=load_profile_training(), audit=AUDIT_DRIFT,
+                     gpus=[h100(0, temperature_c=93.0), h100(1)], probes=[])
+    assert hotter.message() == v.message()  # a reading that moves is not rewritten every pass
+    only_drift = verdict(profile=Profile(name="training"), audit=AUDIT_DRIFT, gpus=[], probes=[])
+    assert only_drift.reason() == "TuningNotCompliant"  # drift before a probe that has not run yet
+    assert only_drift.message().startswith("tuning.compliant: 2 setting(s) not compliant: "
+                                           "sysctl.vm.swappiness[host] drift 60 != 0"), only_drift.message()
+    assert len(only_drift.message()) <= 512
+
+
+def load_profile_training():
+    from gpu_tune.tune.policy import load_profile
+
+    return load_profile("training")

@@ -72,6 +72,7 @@ from typing import Any, Iterable, Mapping, Sequence
 from gpu_tune.judge.figures import identity as probe_identity
 from gpu_tune.judge.figures import number as _number
 from gpu_tune.judge.figures import result_of
+from gpu_tune.judge.readiness import VOLATILE_READINGS
 
 PREFIX = "gpu-tune.io/"
 FORBIDDEN_PREFIXES = ("nvidia.com/", "feature.node.kubernetes.io/")
@@ -106,10 +107,7 @@ MAX_SUMMARY_DETAIL = 240  # characters of one failing check's detail
 MAX_SUMMARY_FAILING = 24  # failing checks listed (the rest counted in "failing_more")
 NONCOMPLIANT = ("drift", "conflict", "error")
 # Readings in readiness details that move from one pass to the next (and their stable stand-in).
-_VOLATILE_DETAIL = (
-    (re.compile(r" at \d+(\.\d+)?% utilization"), " under load"),
-    (re.compile(r"temperature \d+(\.\d+)? C above"), "temperature above"),
-)
+_VOLATILE_DETAIL = VOLATILE_READINGS
 
 LABEL_VALUE_RE = re.compile(r"^(([A-Za-z0-9][-A-Za-z0-9_.]*)?[A-Za-z0-9])?$")
 REASON_RE = re.compile(r"^[A-Za-z]([A-Za-z0-9_,:]*[A-Za-z0-9_])?$")

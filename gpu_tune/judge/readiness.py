@@ -30,6 +30,13 @@ Checks (names are stable; they are the ``check`` label of ``gpu_tune_check_ok``)
 The node is ready when every check is ok. ``readiness.require_compliant: false`` and
 ``readiness.require_probe: false`` keep those checks listed but ok, with the finding in the detail.
 
+The ``GPUHostReady`` condition a not-ready node gets (:meth:`Verdict.reason`, :meth:`Verdict.message`)
+names the most urgent failing check (:data:`URGENCY`), not the first listed: a GPU node on which the
+agent sees no GPU says ``GpusNotVisible`` even while its sysctls drift too. The message leads with
+that check's figures ("gpu.allocatable: 7 of 8 GPUs offered by the device plugin") and then names the
+other failing checks, short enough for ``kubectl describe node`` and stable from pass to pass (no
+reading that moves every pass, so a steady node is not rewritten).
+
 Fatal XIDs (:data:`FATAL_XIDS`) are the ones NVIDIA documents as needing a GPU reset, a node
 reboot or a hardware check before the GPU can be trusted again:
 48 double-bit ECC error, 63 ECC page retirement / row remap recorded, 64 ECC page retirement /
@@ -40,6 +47,7 @@ Application-caused XIDs (13, 31, 43, 45 ...) are left out: they say a job failed
 
 from __future__ import annotations
 
+import re
 from dataclasses import dataclass, field
 from typing import Any, Iterable, Mapping, Sequence
 
@@ -65,7 +73,39 @@ BUSY_UTILIZATION_PERCENT = 50  # the same threshold as the PCIe alert rule
 
 # Condition reasons of checks that are not about one GPU's health.
 CHECK_REASONS = {"gpu.driver_cuda": "DriverTooOldForCuda", "gpu.allocatable": "DevicePluginMissingGpus",
-                 "gpu.visible": "GpusNotVisible", "tuning.reverted": "Reverted"}
+                 "gpu.visible": "GpusNotVisible", "tuning.reverted": "Reverted", "probe.ran": "ProbePending",
+                 "gpu.backend": "GpuBackendFailed"}
+# Which failing check the condition's reason names, most urgent first ("*": any one part). A
+# revert is a person's deliberate choice and is named as such; then a GPU node whose GPUs the
+# agent cannot see or query at all, a GPU that is unhealthy, a driver too old for the probe, GPUs
+# the device plugin does not offer, a probe that failed on a GPU, and only then host settings
+# that drift, a probe that has not run yet, and a failed publish.
+URGENCY = ("tuning.reverted", "gpu.visible", "gpu.backend", "gpu.*.healthy", "gpu.driver_cuda", "gpu.allocatable",
+           "probe.*.passed", "tuning.compliant", "probe.ran", "topology.published")
+MAX_MESSAGE = 512  # characters of the condition's message (kubectl describe node shows it whole)
+MAX_HEADLINE = 300  # characters of the leading check's figures in it
+# Readings that move from one pass to the next, and their stable stand-ins: kept out of what is
+# written to the Node (the condition's message, the summary annotation), so a steady node is not
+# rewritten every pass.
+VOLATILE_READINGS = (
+    (re.compile(r" at \d+(\.\d+)?% utilization"), " under load"),
+    (re.compile(r"temperature \d+(\.\d+)? C above"), "temperature above"),
+)
+
+
+def without_readings(text: str) -> str:
+    for pattern, repl in VOLATILE_READINGS:
+        text = pattern.sub(repl, text)
+    return text
+
+
+def _urgency(name: str) -> int:
+    parts = name.split(".")
+    for i, pattern in enumerate(URGENCY):
+        want = pattern.split(".")
+        if len(want) == len(parts) and all(w in ("*", p) for w, p in zip(want, parts)):
+            return i
+    return len(URGENCY)
 
 
 @dataclass(frozen=True)
@@ -73,9 +113,27 @@ class Check:
     name: str
     ok: bool
     detail: str = ""
+    # the figures of a failing check in a few words, for the condition's message (default: the
+    # detail up to its first remedy); not part of /readiness
+    summary: str = field(default="", compare=False)
 
     def as_dict(self) -> dict[str, Any]:
         return {"name": self.name, "ok": self.ok, "detail": self.detail}
+
+    def headline(self) -> str:
+        text = self.summary or _first_clause(self.detail)
+        text = without_readings(text)
+        return text if len(text) <= MAX_HEADLINE else text[:MAX_HEADLINE - 1] + "…"
+
+
+def _first_clause(detail: str) -> str:
+    """A detail without its remedy: up to the first "; " (and a trailing ": do this")."""
+    head = detail.split("; ", 1)[0]
+    for marker in (": run ", ": restart ", ": drain ", ": cordon ", ": check ", ": reseat ", ": upgrade ",
+                   ": deploy ", ": see ", ": install "):
+        if marker in head:
+            head = head.split(marker, 1)[0]
+    return head.strip()
 
 
 @dataclass(frozen=True)
@@ -87,11 +145,19 @@ class Verdict:
     def failed(self) -> tuple[Check, ...]:
         return tuple(c for c in self.checks if not c.ok)
 
+    def most_urgent(self) -> Check | None:
+        """The failing check the condition names (:data:`URGENCY`; ties: the first listed)."""
+        failed = self.failed
+        if not failed:
+            return None
+        return min(failed, key=lambda c: _urgency(c.name))
+
     def reason(self) -> str:
-        """A CamelCase reason for a Kubernetes condition."""
+        """A CamelCase reason for a Kubernetes condition: the most urgent failing check's."""
         if self.ready:
             return "AllChecksPassed"
-        first = self.failed[0].name if self.failed else "unknown"
+        top = self.most_urgent()
+        first = top.name if top else "unknown"
         if first in CHECK_REASONS:
             return CHECK_REASONS[first]
         head = first.split(".")[0]
@@ -99,10 +165,17 @@ class Verdict:
                 "probe": "ProbeFailed"}.get(head, "NotReady")
 
     def message(self) -> str:
-        """A stable one-line summary (no readings that change every pass)."""
+        """One line for the condition: the most urgent failing check with its figures, then the
+        names of the others. Stable from pass to pass (no reading that moves every pass)."""
         if self.ready:
             return f"all {len(self.checks)} checks passed"
-        return "failed: " + ", ".join(c.name for c in self.failed)
+        top = self.most_urgent()
+        assert top is not None
+        text = f"{top.name}: {top.headline()}".rstrip(": ")
+        others = [c.name for c in self.failed if c is not top]
+        if others:
+            text += "; also failing: " + ", ".join(others)
+        return text if len(text) <= MAX_MESSAGE else text[:MAX_MESSAGE - 1] + "…"
 
     def as_dict(self) -> dict[str, Any]:
         return {"ready": self.ready, "checks": [c.as_dict() for c in self.checks]}
@@ -148,7 +221,11 @@ def tuning_check(audit: Mapping[str, Any] | None, *, required: bool = True, erro
     detail = f"{len(bad)} setting(s) not compliant ({fix}): {_listed(parts)}"
     if not required:
         return Check(name, True, "ignored (readiness.require_compliant is false): " + detail)
-    return Check(name, False, detail)
+    shown = [p.split(": ", 1)[0] + (f" {p.split(': ', 1)[1]}" if ": " in p and "drift" in p else "")
+             for p in parts[:3]]
+    summary = f"{len(bad)} setting(s) not compliant: " + "; ".join(shown) + (
+        f"; and {len(parts) - 3} more" if len(parts) > 3 else "")
+    return Check(name, False, detail, summary)
 
 
 # -- GPUs -------------------------------------------------------------------------------------
@@ -250,7 +327,8 @@ def gpu_checks(gpus: Iterable[Any], *, want_persistence: bool = False,
                                 max_temperature_c=max_temperature_c, pcie=pcie)
         label = f"GPU {idx} {_get(g, 'name') or ''} {_get(g, 'pci_bus_id') or ''}".replace("  ", " ").strip()
         if problems:
-            out.append(Check(f"gpu.{idx}.healthy", False, "; ".join(problems)))
+            summary = f"GPU {idx}: " + "; ".join(_first_clause(p) for p in problems)
+            out.append(Check(f"gpu.{idx}.healthy", False, "; ".join(problems), summary))
         else:
             notes = gpu_notes(g, pcie)
             out.append(Check(f"gpu.{idx}.healthy", True, f"{label} healthy" + "".join(f"; {n}" for n in notes)))
@@ -321,9 +399,10 @@ def allocatable_check(gpus: Sequence[Any], publish: Any, *, required: bool = Fal
     if isinstance(alloc, int) and alloc < cap:
         notes.append(f"allocatable {alloc}: the device plugin marks {cap - alloc} unhealthy")
     if cap < expected:
-        return Check(name, False, f"the device plugin advertises nvidia.com/gpu {cap}, the host has {expected} "
-                                  f"GPU(s) to offer ({host}): restart the device plugin pod on this node, then "
-                                  "check its log and nvidia-smi" + "".join(f"; {n}" for n in notes))
+        figures = f"{cap} of {expected} GPUs offered by the device plugin (nvidia.com/gpu {cap}; {host})"
+        return Check(name, False, f"{figures}: restart the device plugin pod on this node, then check its log "
+                                  "and nvidia-smi" + "".join(f"; {n}" for n in notes),
+                     figures + "".join(f"; {n}" for n in notes))
     if cap > expected:
         notes.append("more than the GPUs: time-slicing replicas or MIG devices counted as nvidia.com/gpu")
     return Check(name, True, f"nvidia.com/gpu {cap} for {expected} GPU(s) ({host})" + "".join(f"; {n}" for n in notes))
@@ -344,8 +423,8 @@ def gpu_visible_check(gpus: Sequence[Any], facts: Any) -> Check | None:
     why = list(_get(facts, "gpu_expected") or ())
     if not why:
         return None
-    return Check("gpu.visible", False, f"the Node says it has NVIDIA GPUs ({', '.join(why)}) but the agent "
-                                       f"sees none; likely causes: {GPU_VISIBILITY_CAUSES}")
+    figures = f"the Node says it has NVIDIA GPUs ({', '.join(why)}) but the agent sees none"
+    return Check("gpu.visible", False, f"{figures}; likely causes: {GPU_VISIBILITY_CAUSES}", figures)
 
 
 def reverted_check(revert: Mapping[str, Any] | None, *, error: str | None = None) -> Check:
@@ -417,8 +496,9 @@ def probe_checks(probes: Sequence[Mapping[str, Any]] | None, *, required: bool =
             hint = {"timeout": "the probe ran past its timeout: check the GPU for hangs and load",
                     "crashed": "the probe process crashed: see the agent log",
                     "skipped": "the probe was skipped"}.get(status, "")
-            detail = f"{status}" + (f": {reasons}" if reasons else "") + (f" ({hint})" if hint else "")
-            out.append(gate(Check(f"probe.{gpu}.passed", False, detail)))
+            figures = f"{status}" + (f": {reasons}" if reasons else "")
+            detail = figures + (f" ({hint})" if hint else "")
+            out.append(gate(Check(f"probe.{gpu}.passed", False, detail, figures)))
     return out
 
 
