@@ -243,10 +243,10 @@ def helm_test_pod_script(helm) -> tuple[dict, str]:
 
 
 class _Agent(http.server.BaseHTTPRequestHandler):
-    answer: tuple[int, str] = (200, "{}")
+    answers: dict[str, tuple[int, str]] = {}
 
     def do_GET(self):  # noqa: N802
-        status, body = self.answer
+        status, body = self.answers.get(self.path, (404, json.dumps({"detail": "Not Found"})))
         self.send_response(status)
         self.send_header("Content-Type", "application/json")
         self.end_headers()
@@ -260,26 +260,31 @@ READY = json.dumps({"ready": True, "node": "gpu-node-1", "profile": "training",
                     "checks": [{"name": "tuning", "ok": True, "detail": ""}], "since": "2026-01-01T00:00:00Z"})
 NOT_READY = json.dumps({"ready": False, "node": "gpu-node-1", "profile": "training",
                         "checks": [{"name": "probe.ran", "ok": False, "detail": "not yet"}], "since": ""})
+PUBLISHED = (200, json.dumps({"ready": True, "node": "gpu-node-1", "mode": "audit", "detail": "published"}))
+NOT_PUBLISHED = (503, json.dumps({"ready": False, "node": "gpu-node-1", "mode": "audit",
+                                  "detail": "the latest publish failed: forbidden: may not get nodes"}))
 
 
-@pytest.mark.parametrize("status, body, passes", [
-    (200, READY, True),
-    (503, NOT_READY, True),         # not ready, but the agent answers: the release works
-    (503, "<html>busy</html>", False),
-    (500, NOT_READY, False),
-    (404, json.dumps({"detail": "Not Found"}), False),
-    (200, json.dumps({"status": "ok"}), False),
-    (None, None, False),            # nothing listening
+@pytest.mark.parametrize("readiness, agent, passes", [
+    ((200, READY), PUBLISHED, True),
+    ((503, NOT_READY), PUBLISHED, True),      # the node not ready, the agent working: the release works
+    ((503, NOT_READY), NOT_PUBLISHED, False),  # the agent cannot publish its verdict: it does not
+    ((200, READY), NOT_PUBLISHED, False),
+    ((503, "<html>busy</html>"), PUBLISHED, False),
+    ((500, NOT_READY), PUBLISHED, False),
+    ((404, json.dumps({"detail": "Not Found"})), PUBLISHED, False),
+    ((200, json.dumps({"status": "ok"})), PUBLISHED, False),
+    (None, None, False),                       # nothing listening
 ])
-def test_helm_test_pod_accepts_only_an_agent_answer(helm, status, body, passes):
+def test_helm_test_pod_passes_only_for_an_agent_that_publishes(helm, readiness, agent, passes):
     """Runs the test pod's own script against a loopback server answering like the agent (or not)."""
     pod, script = helm_test_pod_script(helm)
     env_names = {e["name"] for e in pod["spec"]["containers"][0]["env"]}
     assert env_names == {"HOST_IP", "PORT"}
-    handler = type("H", (_Agent,), {"answer": (status, body)})
+    handler = type("H", (_Agent,), {"answers": {"/readiness": readiness, "/agent-ready": agent}})
     server = http.server.ThreadingHTTPServer(("127.0.0.1", 0), handler)
     port = server.server_address[1]
-    if status is None:
+    if readiness is None:
         server.server_close()
     else:
         threading.Thread(target=server.serve_forever, daemon=True).start()
@@ -287,12 +292,26 @@ def test_helm_test_pod_accepts_only_an_agent_answer(helm, status, body, passes):
         proc = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, timeout=30,
                               env={**os.environ, "HOST_IP": "127.0.0.1", "PORT": str(port)})
     finally:
-        if status is not None:
+        if readiness is not None:
             server.shutdown()
             server.server_close()
     assert (proc.returncode == 0) is passes, proc.stdout + proc.stderr
     if passes:
         assert "gpu-node-1" in proc.stdout
+    elif agent == NOT_PUBLISHED:
+        assert "does not work" in proc.stderr and "forbidden" in proc.stderr, proc.stderr
+
+
+def test_extra_env_replaces_a_variable_the_chart_sets(helm):
+    """One entry per name: server-side apply (Helm 4) refuses a container with two."""
+    ds = the(template(helm, sets=["extraEnv[0].name=GPU_TUNE_POLICY_DIR", "extraEnv[0].value=/x",
+                                  "extraEnv[1].name=FOO", "extraEnv[1].value=bar"]), "DaemonSet")
+    env = ds["spec"]["template"]["spec"]["containers"][0]["env"]
+    names = [e["name"] for e in env]
+    assert len(names) == len(set(names)), names
+    by = {e["name"]: e for e in env}
+    assert by["GPU_TUNE_POLICY_DIR"]["value"] == "/x" and by["FOO"]["value"] == "bar"
+    assert by["GPU_TUNE_ROOT"]["value"] == "/host"
 
 
 def test_helm_test_pod_lands_where_the_agent_runs(helm):
