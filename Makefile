@@ -10,12 +10,16 @@ DEB_BENCH := wrk hyperfine prometheus-node-exporter
 # The container image: built and run with podman (no Docker engine needed); mmdebstrap makes the
 # base image where no registry is reachable. tests/test_image.py builds and runs the CPU flavour.
 DEB_IMAGE := podman buildah runc mmdebstrap
+# A real Kubernetes for the cluster tests (tests/realkube): etcd, containerd with runc and the CNI
+# plugins, iptables and conntrack for the node's network namespace, zstd for the server binaries
+# (KUBE_BIN_DIR, default ../shared/kube; README "Running the cluster tests").
+DEB_KUBE := etcd-server containerd runc containernetworking-plugins iptables conntrack zstd
 FLAVOUR ?= gpu
 # The image's lock files: every package pinned with its hashes, for CPython 3.11 on x86_64 Linux.
 UV_COMPILE := $(BIN)/uv pip compile --quiet --no-config --python-version 3.11 \
   --python-platform x86_64-manylinux_2_28 --generate-hashes
 
-.PHONY: setup tools image-tools image lock run test bench clean chart-files chart
+.PHONY: setup tools image-tools kube-tools image lock run test bench clean chart-files chart
 
 $(VENV)/.installed: pyproject.toml
 	$(PYTHON) -m venv $(VENV)
@@ -46,6 +50,17 @@ image-tools:
 	  else echo "not installed:$$missing (the container image test will skip)" >&2; fi; \
 	fi
 
+# etcd, containerd and friends, installed when root and missing; elsewhere the cluster tests say what
+# they lack and skip (on CI, CI=true, they fail instead). Their own services are not used.
+kube-tools:
+	@missing=""; for t in etcd containerd runc iptables conntrack zstd; do command -v $$t >/dev/null || missing="$$missing $$t"; done; \
+	[ -x /usr/lib/cni/bridge ] || missing="$$missing cni-plugins"; \
+	if [ -n "$$missing" ]; then \
+	  if [ "$$(id -u)" = 0 ] && command -v apt-get >/dev/null; then \
+	    apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq $(DEB_KUBE) >/dev/null; \
+	  else echo "not installed:$$missing (the real-cluster tests will skip)" >&2; fi; \
+	fi
+
 # Build the image (FLAVOUR=gpu|cpu) and print its sizes, its layers and what a code-only change
 # re-pulls. PYTHON_IMAGE=... picks the base (default python:3.11-slim-bookworm, see tools/image.py).
 image: setup image-tools
@@ -62,7 +77,7 @@ lock: setup
 run: setup
 	$(BIN)/gpu-tune serve --host 127.0.0.1 --port 9410 --no-kube --probe-device cpu
 
-test: setup tools image-tools
+test: setup tools image-tools kube-tools
 	$(BIN)/pytest -q
 
 bench: setup tools

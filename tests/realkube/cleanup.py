@@ -130,6 +130,39 @@ def _rmdir(d: Path) -> None:
             time.sleep(0.1)
 
 
+def kill_matching(netns_inodes: Iterable[int], marks: Iterable[str], timeout: float = 10.0) -> None:
+    """KILL every process in one of the network namespaces ``netns_inodes`` or whose command line
+    holds one of ``marks``, until none is left."""
+    nets = {f"net:[{i}]" for i in netns_inodes}
+    marks = [m.encode() for m in marks if m]
+    if not nets and not marks:
+        return
+    me = os.getpid()
+    t0 = time.monotonic()
+    while time.monotonic() - t0 < timeout:
+        found = []
+        for d in os.listdir("/proc"):
+            if not d.isdigit() or int(d) == me:
+                continue
+            try:
+                hit = nets and os.readlink(f"/proc/{d}/ns/net") in nets
+                if not hit and marks:
+                    cmd = Path(f"/proc/{d}/cmdline").read_bytes()
+                    hit = any(m in cmd for m in marks)
+            except OSError:
+                continue
+            if hit:
+                found.append(int(d))
+        if not found:
+            return
+        for pid in found:
+            try:
+                os.kill(pid, signal.SIGKILL)
+            except ProcessLookupError:
+                pass
+        time.sleep(0.1)
+
+
 def mounts_under(prefixes: Iterable[str]) -> list[str]:
     """Mount points at or below any of ``prefixes``, deepest first."""
     prefixes = [p.rstrip("/") for p in prefixes if p]
@@ -212,7 +245,7 @@ class Ledger:
         self.doc: dict[str, Any] = {"owner": os.getpid(), "owner_started": start_time(os.getpid()),
                                     "boot_id": boot_id(), "procs": [], "cgroups": [], "mount_roots": [],
                                     "netns": [], "paths": [], "host_files": {}, "result_prefixes": [],
-                                    "keep_dirs": []}
+                                    "keep_dirs": [], "netns_inodes": [], "cmdline_marks": []}
         self._save()
 
     @classmethod
@@ -262,6 +295,9 @@ class Ledger:
                 kill_tree(p["pid"], p.get("started"), grace=p.get("grace", 10.0))
             for cg in self.doc["cgroups"]:
                 kill_cgroup(cg)
+            # what daemonized out of the process groups (containerd's shims): by the network
+            # namespace it was started in, or by a mark in its command line
+            kill_matching(self.doc.get("netns_inodes", []), self.doc.get("cmdline_marks", []))
         unmount_under(self.doc["mount_roots"])
         for ns in self.doc["netns"]:
             delete_netns(ns)

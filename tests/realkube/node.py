@@ -161,10 +161,9 @@ class Node:
         for d in (self.dir, self.state):
             led.note("paths", str(d))
             led.note("mount_roots", str(d))
-        led.note("mount_roots", "/var/lib/kubelet")
-        led.note("mount_roots", "/run/containerd")
         led.note("result_prefixes", f"/var/lib/cni/results/gtk-{self.run_id}-")
         led.note("cgroups", self.cgroup)
+        led.note("cmdline_marks", str(self.sock))  # containerd's shims: -address <sock>
         led.note("netns", self.netns)
         self.dir.mkdir(parents=True, exist_ok=True)
         self.state.mkdir(parents=True, exist_ok=True)
@@ -181,6 +180,7 @@ class Node:
     def _network(self) -> None:
         host_if, node_if = f"gtkh{self.run_id}"[:15], f"gtkn{self.run_id}"[:15]
         self._sh("ip", "netns", "add", self.netns)
+        self.ledger.note("netns_inodes", os.stat(f"/run/netns/{self.netns}").st_ino)
         self._sh("ip", "link", "add", host_if, "type", "veth", "peer", "name", node_if)
         self._sh("ip", "link", "set", node_if, "netns", self.netns)
         self._sh("ip", "addr", "add", f"{HOST_IP}/24", "dev", host_if)
@@ -425,6 +425,9 @@ disabled_plugins = ["io.containerd.snapshotter.v1.aufs", "io.containerd.snapshot
             for p in self.procs:
                 if p.name == "containerd":
                     p.stop()
+            from tests.realkube.cleanup import kill_matching
+
+            kill_matching([], [str(self.sock)])  # the shims containerd left behind
             if self.cp is not None:
                 self.cp.stop()
             self.timings["stop_processes_s"] = time.monotonic() - t0

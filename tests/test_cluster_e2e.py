@@ -1,0 +1,549 @@
+"""End to end on a real single-node cluster, installed the way users install it.
+
+One node (tests/realkube/node.py: control plane, controller-manager, scheduler, containerd, the
+kubelet, in a network namespace of its own) labelled as a GPU node, the CPU image the suite builds
+(tests/test_image.py's tag) imported into containerd under the name the manifests use. The tests
+run in order, each on the state the previous one left, as an operator would:
+
+1. ``helm install`` of the chart's read-only default: the rollout completes, the Node gets its
+   labels, ``GPUHostReady`` (here ``GpusNotVisible``: a GPU-labelled node whose agent sees no
+   GPU) and its Event in ``default``, no taint; ``helm test`` passes, and fails once the agent
+   cannot publish (its ClusterRoleBinding taken away); a deleted agent pod is replaced by one that
+   writes nothing; a pod deleted while its probe runs ends within its grace period; the agent's own
+   pod-bound token changes its Node's gpu-tune keys and nothing else; ``helm uninstall`` leaves
+   what docs/deploy.md says.
+2. The training values in enforce mode (GPUs from the fixture backend, the probe on the CPU):
+   this machine's kernel settings tuned for real, the gate following the verdict both ways (taint
+   on while not ready, off when ready, back on when the device plugin offers 1 of the 2 GPUs), a
+   steady pass
+   making no Node write (the API server's audit log, per user); the revert label restoring the
+   host within one pass, and keeping it restored; ``helm uninstall`` after it.
+3. ``kubectl apply -k daemonset/``: the same rollout.
+
+Everything the node changed on this machine (kernel settings, /var/lib/gpu-tune, /etc/gpu-tune)
+is put back at the end, and checked. Root, the binaries and podman are needed; elsewhere the
+module is skipped with the reason (failed under CI=true).
+"""
+
+from __future__ import annotations
+
+import glob
+import json
+import os
+import re
+import shutil
+import subprocess
+import time
+import urllib.error
+import urllib.request
+from pathlib import Path
+
+import pytest
+import yaml
+
+from gpu_tune.cluster.labels import CONDITION_TYPE, PREFIX, TAINT_KEY
+from tests.realkube.binaries import Missing, binaries, cache_dir
+from tests.realkube.controlplane import ApiError
+from tests.realkube.node import NODE_IP, Node, kernel_files, save_image, why_no_node
+from tests.realkube.plugin import finish_ledger, new_ledger, record_timing, skip_or_fail
+
+pytestmark = pytest.mark.slow
+
+REPO = Path(__file__).resolve().parents[1]
+NODE = "gpu-node-e2e"
+NS = "gpu-tune"
+IMAGE_TAG = "localhost/gpu-tune:test-cpu"  # what tests/test_image.py builds
+IMAGE_NAME = "docker.io/library/gpu-tune:0.1.0"  # what the chart and the kustomize tree run
+INTERVAL = 10  # seconds between the agents' passes (--set interval): passes within a test's patience
+E2E_DIR = "/var/lib/gpu-tune/e2e"  # on the host; the pod sees it at /host/var/lib/gpu-tune/e2e
+SYSCTLS = {"vm.swappiness": "0", "vm.dirty_background_ratio": "5", "vm.dirty_ratio": "20"}  # training's
+T0 = time.monotonic()
+
+
+# -- the cluster -----------------------------------------------------------------------------------
+def _image(tmp: Path) -> Path:
+    """The CPU image built as tests/test_image.py builds it (layer cache: seconds when it ran
+    already), saved once per image id."""
+    import importlib.util
+
+    spec = importlib.util.spec_from_file_location("gpu_tune_tools_image", REPO / "tools" / "image.py")
+    ti = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(ti)
+    base = ti.choose_base(os.environ.get("PYTHON_IMAGE") or None)
+    ti.build(REPO, "cpu", IMAGE_TAG, base, tmp / "build.log")
+    image_id = ti.podman("image", "inspect", "--format", "{{.Id}}", IMAGE_TAG).stdout.strip()
+    folder = cache_dir().parent / "images"
+    tar = folder / f"gpu-tune-cpu-{image_id[:16]}.tar"
+    if not tar.is_file():
+        for old in folder.glob("gpu-tune-cpu-*.tar"):
+            old.unlink()
+        # saved under a name of its own: another build may retag IMAGE_TAG meanwhile
+        own = f"localhost/gpu-tune:e2e-{image_id[:16]}"
+        ti.podman("tag", image_id, own)
+        try:
+            save_image(own, tar.with_suffix(".part"))
+        finally:
+            ti.podman("untag", image_id, own, check=False)
+        tar.with_suffix(".part").rename(tar)
+    return tar
+
+
+@pytest.fixture(scope="module")
+def cluster(tmp_path_factory):
+    why = why_no_node()
+    if why is None and shutil.which("podman") is None:
+        why = "podman is not installed (make test installs it when root): the image cannot be built"
+    if why is None:
+        try:
+            binaries()
+        except Missing as exc:
+            why = str(exc)
+    if why:
+        skip_or_fail(why)
+    tmp = tmp_path_factory.mktemp("e2e")
+    t0 = time.monotonic()
+    tar = _image(tmp)
+    record_timing("image build (cached) and save (s)", time.monotonic() - t0)
+    before = {p: _read(p) for p in kernel_files()}
+    led = new_ledger("node")
+    node = Node(tmp / "node", led, name=NODE, labels={"nvidia.com/gpu.present": "true"})
+    try:
+        node.start()
+        record_timing("e2e control plane ready (s)", node.timings["control_plane_ready_s"])
+        record_timing("node Ready (s)", node.timings["node_ready_s"])
+        record_timing("image import into containerd (s)", node.import_image(tar, IMAGE_NAME))
+        node.before = before  # type: ignore[attr-defined]
+        # what the kubelet itself set at its start (vm.overcommit_memory, kernel.panic ...) aside
+        node.started = {p: _read(p) for p in before}  # type: ignore[attr-defined]
+        node.tmp = tmp  # type: ignore[attr-defined]
+        yield node
+    finally:
+        problems = node.stop()
+        finish_ledger(led)
+        record_timing("node stopped and cleaned (s)", node.timings.get("stop_s", 0.0))
+        record_timing("end-to-end module, all in (s)", time.monotonic() - t0)
+        after = {p: _read(p) for p in kernel_files()}
+        changed = {p: (before.get(p), v) for p, v in after.items() if p in before and before[p] != v}
+        left = [x for x in (f"/run/netns/{node.netns}", f"/sys/class/net/gtkh{node.run_id}"[:31], "/var/lib/kubelet",
+                            "/run/containerd") if os.path.exists(x)]
+        left += glob.glob(f"/sys/fs/cgroup/*/{node.cgroup}")
+        assert not problems and not changed and not left, \
+            f"the node left: problems {problems}; kernel files changed {changed}; {left}"
+
+
+def _read(path: str) -> bytes | None:
+    try:
+        with open(path, "rb") as fh:
+            return fh.read()
+    except OSError:
+        return None
+
+
+def kubectl(cluster: Node, *args: str, check: bool = True, timeout: float = 330) -> subprocess.CompletedProcess:
+    return cluster.kubectl(*args, check=check, timeout=timeout)
+
+
+def helm(cluster: Node, *args: str, check: bool = True, timeout: float = 330) -> subprocess.CompletedProcess:
+    from tests.helmbin import helm_binary
+    from tests.realkube.procs import env_without_proxy
+
+    assert cluster.cp is not None
+    env = {**env_without_proxy(), "KUBECONFIG": str(cluster.cp.kubeconfig),
+           "HELM_CACHE_HOME": str(cluster.tmp / "helm-cache"), "HELM_CONFIG_HOME": str(cluster.tmp / "helm-config"),
+           "HELM_DATA_HOME": str(cluster.tmp / "helm-data")}
+    proc = subprocess.run([str(helm_binary()), *args], capture_output=True, text=True, timeout=timeout, env=env)
+    if check and proc.returncode != 0:
+        evs = kubectl(cluster, "-n", NS, "get", "events", "--sort-by=.lastTimestamp", check=False).stdout
+        raise AssertionError(f"helm {' '.join(args)}: exit {proc.returncode}\n{proc.stdout[-3000:]}\n"
+                             f"{proc.stderr[-3000:]}\nevents in {NS}:\n{evs[-3000:]}\n{cluster.logs()}")
+    return proc
+
+
+def rollout(cluster: Node, ds: str, what: str) -> float:
+    t0 = time.monotonic()
+    proc = kubectl(cluster, "-n", NS, "rollout", "status", f"ds/{ds}", "--timeout=300s", check=False)
+    took = time.monotonic() - t0
+    if proc.returncode != 0:
+        pods = kubectl(cluster, "-n", NS, "get", "pods", "-o", "wide", check=False).stdout
+        logs = kubectl(cluster, "-n", NS, "logs", f"ds/{ds}", "--tail=30", check=False)
+        raise AssertionError(f"rollout of ds/{ds} did not complete: {proc.stdout}{proc.stderr}\n{pods}\n"
+                             f"{logs.stdout}{logs.stderr}")
+    record_timing(what, took)
+    return took
+
+
+def node_obj(cluster: Node) -> dict:
+    assert cluster.cp is not None
+    return cluster.cp.request("GET", f"/api/v1/nodes/{NODE}")
+
+
+def condition(cluster: Node) -> dict | None:
+    return next((c for c in node_obj(cluster)["status"].get("conditions", []) if c["type"] == CONDITION_TYPE), None)
+
+
+def our_taint(cluster: Node) -> bool:
+    return any(t["key"] == TAINT_KEY for t in node_obj(cluster)["spec"].get("taints", []))
+
+
+def events(cluster: Node) -> list[dict]:
+    assert cluster.cp is not None
+    items = cluster.cp.request("GET", "/api/v1/events?fieldSelector=involvedObject.kind%3DNode,"
+                                      f"involvedObject.name%3D{NODE}")["items"]
+    return sorted((e for e in items if (e.get("source") or {}).get("component") == "gpu-tune"),
+                  key=lambda e: int(e["metadata"]["resourceVersion"]))
+
+
+def agent_http(path: str) -> tuple[int, dict]:
+    opener = urllib.request.build_opener(urllib.request.ProxyHandler({}))
+    try:
+        with opener.open(f"http://{NODE_IP}:9410{path}", timeout=5) as r:
+            return r.status, json.loads(r.read())
+    except urllib.error.HTTPError as exc:
+        return exc.code, json.loads(exc.read() or b"{}")
+
+
+def wait_for(what: str, fn, timeout: float, cluster: Node | None = None, every: float = 0.5):
+    t0 = time.monotonic()
+    last = None
+    while time.monotonic() - t0 < timeout:
+        try:
+            last = fn()
+        except (OSError, ApiError, ValueError) as exc:
+            last = exc
+        else:
+            if last:
+                return last
+        time.sleep(every)
+    extra = f"\n{cluster.logs()}" if cluster is not None else ""
+    raise AssertionError(f"{what}: not within {timeout:.0f} s (last: {last!r}){extra}")
+
+
+def agent_pods(cluster: Node, instance: str) -> list[dict]:
+    assert cluster.cp is not None
+    return cluster.cp.request("GET", f"/api/v1/namespaces/{NS}/pods?labelSelector="
+                                     f"app.kubernetes.io/instance%3D{instance}")["items"]
+
+
+def sysctl(name: str) -> str:
+    return Path("/proc/sys/" + name.replace(".", "/")).read_text().strip()
+
+
+def writes_by(cluster: Node, sa: str, mark: int) -> list[tuple]:
+    assert cluster.cp is not None
+    cluster.cp.wait_audit_flushed()
+    return [(ev["verb"], ev["requestURI"], ev["responseStatus"]["code"])
+            for ev in cluster.cp.writes_by(f"system:serviceaccount:{NS}:{sa}", mark)]
+
+
+def original(cluster: Node, path: str) -> str:
+    return (cluster.before[path] or b"").decode().strip()  # type: ignore[attr-defined]
+
+
+# -- 1. helm install, the read-only default ----------------------------------------------------------
+def test_helm_install_of_the_read_only_default_rolls_out_and_publishes(cluster):
+    t0 = time.monotonic()
+    helm(cluster, "install", "gpu-tune", str(REPO / "charts" / "gpu-tune"), "-n", NS, "--create-namespace",
+         "--set", f"interval={INTERVAL}")
+    rollout(cluster, "gpu-tune", "helm install (audit) to rollout complete (s)")
+    record_timing("helm install (audit) to a Ready pod, all in (s)", time.monotonic() - t0)
+    (pod,) = agent_pods(cluster, "gpu-tune")
+    assert any(c["type"] == "Ready" and c["status"] == "True" for c in pod["status"]["conditions"])
+    n = node_obj(cluster)
+    labels = n["metadata"]["labels"]
+    assert labels[PREFIX + "ready"] == "false" and labels[PREFIX + "profile"] == "training"
+    assert labels[PREFIX + "gpu-count"] == "0"
+    assert set(n["metadata"]["annotations"][PREFIX + "owned-labels"].split(",")) <= set(labels)
+    cond = condition(cluster)
+    # a GPU node (nvidia.com/gpu.present=true) on which the agent sees no GPU: said first
+    assert cond["status"] == "False" and cond["reason"] == "GpusNotVisible", cond
+    assert cond["message"].startswith("gpu.visible: the Node says it has NVIDIA GPUs"), cond
+    evs = events(cluster)
+    assert [e["reason"] for e in evs] == ["GPUHostNotReady"] and evs[0]["metadata"]["namespace"] == "default"
+    assert evs[0]["message"].startswith("GpusNotVisible: gpu.visible")
+    assert not our_taint(cluster)  # audit mode never taints
+    status, body = agent_http("/agent-ready")
+    assert status == 200, body
+    # read-only: not one kernel setting of this machine changed
+    changed = [p for p in cluster.started if _read(p) != cluster.started[p]]
+    assert not [p for p in changed if p.startswith(("/proc/sys/vm", "/sys/kernel/mm", "/proc/irq"))], changed
+    proc = helm(cluster, "test", "gpu-tune", "-n", NS, "--logs", "--timeout", "180s")
+    assert "/agent-ready: HTTP 200" in proc.stdout, proc.stdout
+
+
+def test_helm_test_fails_when_the_agent_cannot_publish(cluster):
+    assert cluster.cp is not None
+    crb = cluster.cp.request("GET", "/apis/rbac.authorization.k8s.io/v1/clusterrolebindings/gpu-tune")
+    cluster.cp.delete(crb)  # the agent may no longer read or patch its Node
+    try:
+        wait_for("/agent-ready 503", lambda: agent_http("/agent-ready")[0] == 503, 4 * INTERVAL, cluster)
+        status, body = agent_http("/agent-ready")
+        assert "forbidden" in body["detail"], body
+        proc = helm(cluster, "test", "gpu-tune", "-n", NS, "--logs", "--timeout", "180s", check=False)
+        assert proc.returncode != 0, proc.stdout
+        said = proc.stdout + proc.stderr + kubectl(cluster, "-n", NS, "logs", "gpu-tune-test-readiness",
+                                                   check=False).stdout
+        assert "does not work" in said and "forbidden" in said, said[-3000:]
+    finally:
+        helm(cluster, "upgrade", "gpu-tune", str(REPO / "charts" / "gpu-tune"), "-n", NS, "--reuse-values")
+        cluster.cp.request("GET", "/apis/rbac.authorization.k8s.io/v1/clusterrolebindings/gpu-tune")
+        wait_for("/agent-ready 200 again", lambda: agent_http("/agent-ready")[0] == 200, 4 * INTERVAL, cluster)
+        kubectl(cluster, "-n", NS, "delete", "pod", "-l", "app.kubernetes.io/component=test", "--ignore-not-found")
+    assert helm(cluster, "test", "gpu-tune", "-n", NS, "--timeout", "180s").returncode == 0
+
+
+def test_a_deleted_agent_pod_is_replaced_by_one_that_writes_nothing(cluster):
+    assert cluster.cp is not None
+    mark = cluster.cp.audit_mark()
+    (old,) = agent_pods(cluster, "gpu-tune")
+    kubectl(cluster, "-n", NS, "delete", "pod", old["metadata"]["name"], "--wait=true")
+    rollout(cluster, "gpu-tune", "a deleted agent pod to its replacement Ready (s)")
+    (new,) = agent_pods(cluster, "gpu-tune")
+    assert new["metadata"]["uid"] != old["metadata"]["uid"]
+    time.sleep(INTERVAL * 1.5)  # a steady pass after its first publish
+    assert writes_by(cluster, "gpu-tune", mark) == []
+
+
+def _probe_pids(cluster: Node) -> list[int]:
+    pids = []
+    for procs in glob.glob(f"/sys/fs/cgroup/pids/{cluster.cgroup}/**/cgroup.procs", recursive=True):
+        for pid in Path(procs).read_text().split():
+            try:
+                cmd = Path(f"/proc/{pid}/cmdline").read_bytes()
+            except OSError:
+                continue
+            if b"mnist_probe" in cmd:
+                pids.append(int(pid))
+    return pids
+
+
+def test_a_pod_deleted_while_its_probe_runs_ends_within_its_grace_period(cluster):
+    (old,) = agent_pods(cluster, "gpu-tune")
+    kubectl(cluster, "-n", NS, "delete", "pod", old["metadata"]["name"], "--wait=true")
+    wait_for("the new agent's probe running", lambda: _probe_pids(cluster), 120, cluster, every=0.2)
+    (pod,) = [p for p in agent_pods(cluster, "gpu-tune") if not p["metadata"].get("deletionTimestamp")]
+    grace = pod["spec"]["terminationGracePeriodSeconds"]
+    time.sleep(1.0)  # well into TensorFlow's start
+    t0 = time.monotonic()
+    kubectl(cluster, "-n", NS, "delete", "pod", pod["metadata"]["name"], "--wait=true", "--timeout=120s")
+    took = time.monotonic() - t0
+    record_timing("agent pod deleted mid-probe, gone after (s)", took)
+    assert took < grace and not _probe_pids(cluster), (took, grace, _probe_pids(cluster))
+    rollout(cluster, "gpu-tune", "its replacement Ready (s)")
+
+
+def _pod_token(cluster: Node, pod: dict) -> str:
+    uid = pod["metadata"]["uid"]
+    (path,) = glob.glob(str(cluster.dir / "kubelet" / "pods" / uid / "volumes" / "kubernetes.io~projected" / "*"
+                            / "token"))
+    return Path(path).read_text().strip()
+
+
+def test_the_agents_pod_token_changes_its_own_nodes_keys_and_nothing_else(cluster):
+    cp = cluster.cp
+    assert cp is not None
+    (pod,) = agent_pods(cluster, "gpu-tune")
+    token = _pod_token(cluster, pod)
+    who = cp.whoami(token)
+    assert who["username"] == f"system:serviceaccount:{NS}:gpu-tune"
+    assert who["extra"]["authentication.kubernetes.io/node-name"] == [NODE]
+    merge = "application/merge-patch+json"
+    cp.request("PATCH", f"/api/v1/nodes/{NODE}", {"metadata": {"labels": {PREFIX + "e2e": "1"}}}, merge, token=token)
+    cp.request("PATCH", f"/api/v1/nodes/{NODE}", {"metadata": {"labels": {PREFIX + "e2e": None}}}, merge, token=token)
+    other = {"apiVersion": "v1", "kind": "Node", "metadata": {"name": "other-node"}}
+    cp.apply(other)
+    try:
+        refused = [
+            ("PATCH", f"/api/v1/nodes/{NODE}", {"metadata": {"labels": {"nvidia.com/gpu.product": "x"}}}),
+            ("PATCH", f"/api/v1/nodes/{NODE}", {"spec": {"unschedulable": True}}),
+            ("PATCH", "/api/v1/nodes/other-node", {"metadata": {"labels": {PREFIX + "ready": "true"}}}),
+            ("POST", f"/api/v1/namespaces/{NS}/events", {"apiVersion": "v1", "kind": "Event",
+                                                        "metadata": {"generateName": "x."},
+                                                        "involvedObject": {"kind": "Pod", "name": "x",
+                                                                           "namespace": NS}}),
+            ("GET", "/api/v1/nodes", None),
+            ("GET", f"/api/v1/namespaces/{NS}/secrets", None),
+            ("DELETE", "/api/v1/nodes/other-node", None),
+        ]
+        for method, path, body in refused:
+            with pytest.raises(ApiError) as exc:
+                cp.request(method, path, body, merge if method == "PATCH" else "application/json", token=token)
+            assert exc.value.status == 403, (method, path, exc.value.body[:300])
+    finally:
+        cp.delete(other)
+
+
+def test_helm_uninstall_leaves_what_the_docs_say(cluster):
+    helm(cluster, "uninstall", "gpu-tune", "-n", NS, "--wait", "--timeout", "120s")
+    wait_for("the agent pods gone", lambda: agent_pods(cluster, "gpu-tune") == [], 60, cluster)
+    assert cluster.cp is not None
+    with pytest.raises(ApiError):  # the chart's objects are gone, the Events Role in default included
+        cluster.cp.request("GET", "/apis/rbac.authorization.k8s.io/v1/namespaces/default/roles/gpu-tune-events")
+    # docs/deploy.md, "What uninstalling leaves": the Node keeps the gpu-tune.io/ labels and
+    # annotations and the GPUHostReady condition (an audit release never tainted it)
+    n = node_obj(cluster)
+    assert n["metadata"]["labels"][PREFIX + "ready"] == "false"
+    assert PREFIX + "topology" in n["metadata"]["annotations"]
+    assert condition(cluster)["reason"] == "GpusNotVisible" and not our_taint(cluster)
+    # and the host: the probe's saved verdicts in /var/lib/gpu-tune, no kernel setting changed
+    assert Path("/var/lib/gpu-tune/probe.json").is_file()
+    assert sysctl("vm.swappiness") == original(cluster, "/proc/sys/vm/swappiness")
+
+
+# -- 2. enforce: the training values -------------------------------------------------------------------
+def _containerd_memlock(cluster: Node) -> str:
+    (proc,) = [p for p in cluster.procs if p.name == "containerd"]
+    line = next(ln for ln in Path(f"/proc/{proc.pid}/limits").read_text().splitlines()
+                if ln.startswith("Max locked memory"))
+    soft = line.split()[3]
+    return "unlimited" if soft == "unlimited" else f"{int(soft)}"
+
+
+GPUS = {"driver_version": "570.124.06", "cuda_driver_version": "12.8", "gpus": [
+    {"index": 0, "uuid": "GPU-e2e00000-0000-0000-0000-000000000000", "name": "NVIDIA H100 80GB HBM3",
+     "pci_bus_id": "0000:18:00.0", "memory_total_mib": 81559, "compute_capability": "9.0",
+     "persistence_mode": False, "pcie_link_gen_current": 5, "pcie_link_gen_max": 5,
+     "pcie_link_width_current": 16, "pcie_link_width_max": 16, "ecc_mode": True, "ecc_uncorrected_volatile": 0,
+     "retired_pages_pending": False, "temperature_c": 34, "power_w": 71.5, "utilization_percent": 0,
+     "memory_used_mib": 0, "clock_throttle_reasons": [], "xid_events": []}]}
+GPUS["gpus"].append({**GPUS["gpus"][0], "index": 1, "uuid": "GPU-e2e00001-0000-0000-0000-000000000000",
+                     "pci_bus_id": "0000:3b:00.0"})
+
+
+def _values(cluster: Node, *, policies: bool = False) -> Path:
+    env = [{"name": "GPU_TUNE_GPU_BACKEND", "value": "fixture"},
+           {"name": "GPU_TUNE_GPU_FIXTURE", "value": f"/host{E2E_DIR}/gpus.json"}]
+    if policies:
+        env.append({"name": "GPU_TUNE_POLICY_DIR", "value": f"/host{E2E_DIR}/policies"})
+    f = cluster.tmp / ("values-e2e-policies.yaml" if policies else "values-e2e.yaml")
+    f.write_text(yaml.safe_dump({"extraEnv": env, "interval": INTERVAL, "probe": {"device": "cpu"},
+                                 "fleetViewer": {"create": False}}))
+    return f
+
+
+def test_training_values_tune_the_host_and_keep_the_gate_closed_while_not_ready(cluster):
+    os.makedirs(E2E_DIR, exist_ok=True)
+    Path(E2E_DIR, "gpus.json").write_text(json.dumps(GPUS))
+    kubectl(cluster, "label", "node", NODE, "gpu-tune.io/profile-request=training", "--overwrite")
+    t0 = time.monotonic()
+    helm(cluster, "install", "gpu-tune-training", str(REPO / "charts" / "gpu-tune"), "-n", NS,
+         "-f", str(REPO / "charts" / "gpu-tune" / "values-training.yaml"), "-f", str(_values(cluster)))
+    rollout(cluster, "gpu-tune-training", "helm install (training, enforce) to rollout complete (s)")
+    record_timing("helm install (training) to a Ready pod, all in (s)", time.monotonic() - t0)
+    # this machine's kernel, tuned for real
+    for key, want in SYSCTLS.items():
+        assert sysctl(key) == want, key
+    assert "[always]" in Path("/sys/kernel/mm/transparent_hugepage/enabled").read_text()
+    assert Path("/var/lib/gpu-tune/journal.json").is_file()
+    assert all(g["persistence_mode"] for g in json.loads(Path(E2E_DIR, "gpus.json").read_text())["gpus"])
+    memlock = _containerd_memlock(cluster)
+    cond = condition(cluster)
+    if memlock == "unlimited":  # a container runtime with LimitMEMLOCK=infinity: nothing left to fix
+        assert cond["status"] == "True", cond
+        pytest.skip("containerd's memlock is unlimited here: the not-ready gate is tested below only")
+    # containerd runs with this machine's 8 MiB locked-memory limit (raising it takes
+    # CAP_SYS_RESOURCE, which this root lacks): the profile's floor is not met, the node not ready
+    assert cond["status"] == "False" and cond["reason"] == "TuningNotCompliant", cond
+    assert cond["message"].startswith("tuning.compliant: 1 setting(s) not compliant: limits.memlock[containerd]"), \
+        cond["message"]
+    assert our_taint(cluster)  # enforce mode: the startup taint stays while not ready
+    assert node_obj(cluster)["metadata"]["labels"][PREFIX + "ready"] == "false"
+    assert events(cluster)[-1]["reason"] == "GPUHostNotReady"
+
+
+def test_the_gate_follows_the_verdict_and_a_steady_pass_writes_nothing(cluster):
+    # the same profiles with only the locked-memory floor at what this machine's containerd has
+    pol = Path(E2E_DIR, "policies")
+    pol.mkdir(parents=True, exist_ok=True)
+    for f in (REPO / "policies").glob("*.yaml"):
+        text = f.read_text()
+        if f.name == "_base.yaml":
+            limit = _containerd_memlock(cluster)
+            text, n = re.subn(r"memlock: \{min: unlimited\}", f"memlock: {{min: {limit}}}", text)
+            assert n == 1, "the base profile's memlock floor moved: update this test"
+        (pol / f.name).write_text(text)
+    helm(cluster, "upgrade", "gpu-tune-training", str(REPO / "charts" / "gpu-tune"), "-n", NS,
+         "-f", str(REPO / "charts" / "gpu-tune" / "values-training.yaml"), "-f", str(_values(cluster, policies=True)))
+    rollout(cluster, "gpu-tune-training", "helm upgrade (training) to rollout complete (s)")
+    cond = wait_for("GPUHostReady=True", lambda: (c := condition(cluster)) and c["status"] == "True" and c,
+                    6 * INTERVAL, cluster)
+    assert cond["reason"] == "AllChecksPassed", cond
+    assert not our_taint(cluster)  # ready: the gate opens
+    assert events(cluster)[-1]["reason"] == "GPUHostReady"
+    assert agent_http("/readiness")[0] == 200
+    # steady: no Node write by the agent for two and a half passes (the audit log, per user)
+    assert cluster.cp is not None
+    mark = cluster.cp.audit_mark()
+    time.sleep(INTERVAL * 2.5)
+    assert writes_by(cluster, "gpu-tune-training", mark) == []
+    # the device plugin offers one GPU of the two: not ready, the taint back on, with the figures
+    offer(cluster, 2)
+    time.sleep(INTERVAL * 1.2)
+    assert condition(cluster)["status"] == "True"  # both offered: still ready
+    offer(cluster, 1)
+    cond = wait_for("GPUHostReady=False", lambda: (c := condition(cluster)) and c["status"] == "False" and c,
+                    4 * INTERVAL, cluster)
+    assert cond["reason"] == "DevicePluginMissingGpus", cond
+    assert cond["message"].startswith("gpu.allocatable: 1 of 2 GPUs offered by the device plugin"), cond
+    wait_for("the taint back on", lambda: our_taint(cluster), 2 * INTERVAL, cluster)
+    described = kubectl(cluster, "describe", "node", NODE).stdout
+    assert "1 of 2 GPUs offered by the device plugin" in described
+    offer(cluster, 2)  # the device plugin restarted
+    wait_for("ready again", lambda: (c := condition(cluster)) and c["status"] == "True", 4 * INTERVAL, cluster)
+    wait_for("the taint off again", lambda: not our_taint(cluster), 2 * INTERVAL, cluster)
+    assert [e["reason"] for e in events(cluster)][-3:] == ["GPUHostReady", "GPUHostNotReady", "GPUHostReady"]
+
+
+def offer(cluster: Node, gpus: int) -> None:
+    """What the NVIDIA device plugin advertises: nvidia.com/gpu in the Node's capacity."""
+    assert cluster.cp is not None
+    cluster.cp.request("PATCH", f"/api/v1/nodes/{NODE}/status",
+                       {"status": {"capacity": {"nvidia.com/gpu": str(gpus)},
+                                   "allocatable": {"nvidia.com/gpu": str(gpus)}}}, "application/merge-patch+json")
+
+
+def test_the_revert_label_restores_the_host_within_one_pass_and_it_stays_back(cluster):
+    originals = {k: original(cluster, "/proc/sys/" + k.replace(".", "/")) for k in SYSCTLS}
+    assert any(sysctl(k) != v for k, v in originals.items()), "nothing to revert: the host was already tuned"
+    t0 = time.monotonic()
+    kubectl(cluster, "label", "node", NODE, "gpu-tune.io/mode=revert")
+    wait_for("the originals back", lambda: all(sysctl(k) == v for k, v in originals.items()),
+             INTERVAL * 1.1 + 10, cluster, every=0.2)
+    took = time.monotonic() - t0
+    record_timing(f"revert label to host restored, interval {INTERVAL} s (s)", took)
+    assert took <= INTERVAL * 1.1 + 5, took  # within one pass (+10 % jitter, the pass itself)
+    time.sleep(INTERVAL * 2.2)  # two more passes: nothing re-applied
+    assert all(sysctl(k) == v for k, v in originals.items())
+    cond = condition(cluster)
+    assert cond["status"] == "False" and cond["reason"] == "Reverted", cond
+    assert not our_taint(cluster)  # a reverted node is not tainted
+    assert agent_http("/agent-ready")[0] == 200
+
+
+def test_helm_uninstall_after_the_revert_leaves_what_the_docs_say(cluster):
+    helm(cluster, "uninstall", "gpu-tune-training", "-n", NS, "--wait", "--timeout", "120s")
+    wait_for("the agent pods gone", lambda: agent_pods(cluster, "gpu-tune-training") == [], 60, cluster)
+    # docs/deploy.md: the Node keeps the labels, annotations and condition; no taint after a
+    # revert; the host is as before gpu-tune (reverted); the journal stays in /var/lib/gpu-tune
+    n = node_obj(cluster)
+    assert n["metadata"]["labels"][PREFIX + "profile"] == "training" and PREFIX + "summary" in n["metadata"]["annotations"]
+    assert condition(cluster)["reason"] == "Reverted" and not our_taint(cluster)
+    for key in SYSCTLS:
+        assert sysctl(key) == original(cluster, "/proc/sys/" + key.replace(".", "/")), key
+    assert Path("/var/lib/gpu-tune/journal.json").is_file()
+    kubectl(cluster, "label", "node", NODE, "gpu-tune.io/profile-request-", "gpu-tune.io/mode-")
+
+
+# -- 3. kubectl apply -k daemonset/ -------------------------------------------------------------------
+def test_kubectl_apply_k_daemonset_rolls_out_the_same(cluster):
+    t0 = time.monotonic()
+    kubectl(cluster, "apply", "-k", str(REPO / "daemonset"))
+    rollout(cluster, "gpu-tune-audit", "kubectl apply -k daemonset/ to rollout complete (s)")
+    record_timing("kubectl apply -k to a Ready pod, all in (s)", time.monotonic() - t0)
+    (pod,) = agent_pods(cluster, "gpu-tune-audit")
+    assert any(c["type"] == "Ready" and c["status"] == "True" for c in pod["status"]["conditions"])
+    status, body = agent_http("/agent-ready")
+    assert status == 200 and body["mode"] == "audit", body
+    cond = condition(cluster)
+    assert cond["status"] == "False" and cond["reason"] == "GpusNotVisible", cond
+    assert not our_taint(cluster)
+    assert events(cluster)[-1]["metadata"]["namespace"] == "default"
