@@ -221,7 +221,8 @@ def wait_for(what: str, fn, timeout: float, cluster: Node | None = None, every: 
 def agent_pods(cluster: Node, instance: str) -> list[dict]:
     assert cluster.cp is not None
     return cluster.cp.request("GET", f"/api/v1/namespaces/{NS}/pods?labelSelector="
-                                     f"app.kubernetes.io/instance%3D{instance}")["items"]
+                                     f"app.kubernetes.io/instance%3D{instance},"
+                                     "app.kubernetes.io/component%3Dagent")["items"]
 
 
 def sysctl(name: str) -> str:

@@ -324,6 +324,16 @@ def test_helm_test_pod_lands_where_the_agent_runs(helm):
     assert not of_kind(template(helm, sets=["tests.enabled=false"]), "Pod")
 
 
+def test_helm_test_pod_is_not_the_daemonsets_to_adopt(helm):
+    """A pod whose labels match the DaemonSet's selector is adopted by the DaemonSet controller as
+    a second pod on its node and deleted (seen on a real cluster: helm test then failed at random)."""
+    for values in VALUES_FILES:
+        docs = template(helm, values=values)
+        selector = the(docs, "DaemonSet")["spec"]["selector"]["matchLabels"]
+        labels = the(docs, "Pod")["metadata"]["labels"]
+        assert not all(labels.get(k) == v for k, v in selector.items()), (selector, labels)
+
+
 # -- NOTES ------------------------------------------------------------------------------------
 def test_notes_show_fleet_and_node(helm):
     proc = run([helm, "install", "gpu-tune", str(CHART), "--dry-run=client", "--namespace", NAMESPACE,
