@@ -33,19 +33,6 @@ def make_host(tmp_path):
     return _make
 
 
-@pytest.fixture()
-def fake_api():
-    """The imitation API server (tests/kubeapi.py) over real HTTP, stopped afterwards: only for
-    what a real server cannot do on cue (see tests/realkube/__init__.py)."""
-    from tests.kubeapi import KubeAPIServer
-
-    srv = KubeAPIServer().start()
-    try:
-        yield srv
-    finally:
-        srv.stop()
-
-
 @pytest.fixture
 def gpu_fixture(tmp_path):
     """gpu_fixture("dgx-8gpu") -> a writable copy of tests/fixtures/gpu/<name>.json."""

@@ -1,4 +1,9 @@
-"""A small Kubernetes API server for tests: Nodes and Events over real HTTP on 127.0.0.1.
+"""A small imitation of the Kubernetes API server: Nodes and Events over real HTTP on 127.0.0.1.
+
+The test suite runs against a real kube-apiserver (tests/realkube; faults on cue through its
+proxy); this imitation is kept for the benchmarks (benchmarks/bench_kube.py, bench_fleet.py,
+bench_agent.py), which time the client's own work without a server's. It accepts what the real
+server refuses (an Event about a Node in any namespace, for one): never test behaviour against it.
 
 It keeps Node objects the way kube-apiserver does for the calls gpu-tune makes:
 

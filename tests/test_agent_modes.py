@@ -24,7 +24,7 @@ from gpu_tune.serve.stages import default_stages
 from gpu_tune.judge.probe.saved import save_probe_results
 from tests.fixtures import hostgen
 from tests.fixtures.probes import probe_result, probe_verdict
-from tests.kubeapi import write_kubeconfig
+from tests.realkube.testapi import write_kubeconfig
 
 OURS = {"key": TAINT_KEY, "effect": TAINT_EFFECT}
 FOREIGN = {"key": "dedicated", "value": "ml", "effect": "NoSchedule"}

@@ -236,7 +236,7 @@ def test_every_call_of_the_agent_is_granted_and_every_grant_is_used(api, tmp_pat
     conflict and a heartbeat: the (group, resource, verb) of each call it makes is exactly what
     the rendered RBAC grants, Events in the Role's namespace (default)."""
     from gpu_tune.cluster.publisher import make_publisher
-    from tests.kubeapi import write_kubeconfig
+    from tests.realkube.testapi import write_kubeconfig
     from tests.test_kube import FAST, _want
 
     docs = render("overlays/audit")

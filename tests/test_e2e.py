@@ -28,7 +28,7 @@ from gpu_tune.cluster.labels import ANNOTATION_OWNED, ANNOTATION_TOPOLOGY, CONDI
 from gpu_tune.tune.policy import load_profile
 from gpu_tune.judge.probe.saved import load_probe_results, save_probe_results
 from tests.fixtures import hostgen
-from tests.kubeapi import write_kubeconfig
+from tests.realkube.testapi import write_kubeconfig
 
 pytestmark = pytest.mark.slow
 

@@ -19,7 +19,7 @@ import pytest
 from gpu_tune.cluster.fleet import NOT_READY, NOT_REPORTING, READY, age, fleet_report, judge_node, render_table
 from gpu_tune.cluster.api import list_nodes, reader_configuration
 from tests.fixtures.fleet import MIX, agent_node, agent_want, make_node, populate
-from tests.kubeapi import write_kubeconfig
+from tests.realkube.testapi import write_kubeconfig
 
 from .conftest import run_cli
 

@@ -354,7 +354,7 @@ def test_verdict_uses_the_previous_read_before_publishing():
 
 def test_publisher_reads_capacity_from_the_node(tmp_path, api):
     from gpu_tune.cluster.publisher import make_publisher
-    from tests.kubeapi import write_kubeconfig
+    from tests.realkube.testapi import write_kubeconfig
     from tests.test_kube import _want
 
     api.add_node("gpu-1", capacity={"nvidia.com/gpu": "8"}, allocatable={"nvidia.com/gpu": "7"})
@@ -384,7 +384,7 @@ def test_agent_not_ready_when_the_device_plugin_lost_gpus(tmp_path, monkeypatch,
     from gpu_tune.serve.options import ServeOptions
     from gpu_tune.serve.stages import default_stages
     from tests.fixtures import hostgen
-    from tests.kubeapi import write_kubeconfig
+    from tests.realkube.testapi import write_kubeconfig
 
     root = hostgen.build("link-degraded", tmp_path / "host")  # 2 GPUs
     api.add_node("gpu-7", capacity={"nvidia.com/gpu": "1"})

@@ -14,7 +14,7 @@ from gpu_tune.errors import InputError
 from gpu_tune.cluster.node_diff import plan_node
 from gpu_tune.cluster.publisher import KubePublisher, NullPublisher, make_publisher
 from gpu_tune.cluster.labels import ANNOTATION_OWNED, CONDITION_TYPE, TAINT_KEY, desired_node_state
-from tests.kubeapi import write_kubeconfig
+from tests.realkube.testapi import write_kubeconfig
 
 FAST = dict(backoff_base_s=0.01, backoff_cap_s=0.05, retry_budget_s=5.0, attempts=4,
             request_timeout=(1.0, 3.0))

@@ -48,8 +48,9 @@ def boot_id() -> str:
 
 
 def alive(pid: int, started: str | None) -> bool:
+    """The process ``pid`` (started at ``started``) runs: not gone, not a zombie, not a reused pid."""
     now = start_time(pid)
-    return now is not None and (started is None or now == started)
+    return now is not None and (started is None or now == started) and not _zombie(pid)
 
 
 def kill_tree(pid: int, started: str | None, *, grace: float = 10.0) -> None:

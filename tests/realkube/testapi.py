@@ -10,7 +10,9 @@ static admin token ``test-token`` or a ServiceAccount token (:meth:`ControlPlane
 from __future__ import annotations
 
 import copy
+import json
 import time
+from pathlib import Path
 from typing import Any
 from urllib.parse import quote
 
@@ -180,9 +182,7 @@ class RealAPI:
                      "containers": [{"name": "agent", "image": "gpu-tune:0.1.0"}]}})
 
     def kubeconfig(self, path: Any, token: str) -> Any:
-        """A kubeconfig for the proxy with ``token`` (as ``write_kubeconfig`` makes)."""
-        from tests.kubeapi import write_kubeconfig
-
+        """A kubeconfig for the proxy with ``token``."""
         return write_kubeconfig(path, self.url, token=token)
 
     # -- the end of a test ---------------------------------------------------------------------------
@@ -204,3 +204,20 @@ class RealAPI:
 
         with ThreadPoolExecutor(max_workers=8) as pool:
             list(pool.map(delete, paths))
+
+
+def write_kubeconfig(path: str | Path, server_url: str, token: str | None = ADMIN_TOKEN,
+                     context: str = "test") -> Path:
+    """A kubeconfig pointing at ``server_url`` (the proxy: plain HTTP) with a bearer token."""
+    path = Path(path)
+    user: dict[str, Any] = {"token": token} if token else {}
+    cfg = {
+        "apiVersion": "v1",
+        "kind": "Config",
+        "clusters": [{"name": context, "cluster": {"server": server_url}}],
+        "users": [{"name": context, "user": user}],
+        "contexts": [{"name": context, "context": {"cluster": context, "user": context}}],
+        "current-context": context,
+    }
+    path.write_text(json.dumps(cfg, indent=1))
+    return path

@@ -1,0 +1,106 @@
+"""The cluster harness leaves nothing behind: a run killed outright is cleaned by the next run's
+janitor, and a run stopped with SIGTERM cleans up itself (tests/realkube/cleanup.py)."""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import subprocess
+import sys
+import textwrap
+import time
+from pathlib import Path
+
+import pytest
+
+from tests.realkube.binaries import Missing, binaries, tool
+from tests.realkube.cleanup import Ledger, alive, janitor
+
+REPO = Path(__file__).resolve().parents[1]
+
+START = textwrap.dedent("""
+    import json, sys, time
+    from pathlib import Path
+    sys.path.insert(0, {repo!r})
+    from tests.realkube.cleanup import Ledger
+    from tests.realkube.controlplane import ControlPlane
+    led = Ledger("victim", Path({root!r}))
+    cp = ControlPlane(Path({work!r}), led).start()
+    print(json.dumps([(p.pid, p.started) for p in cp.procs]), flush=True)
+    {then}
+""")
+
+
+@pytest.fixture()
+def need_binaries():
+    try:
+        binaries(("kube-apiserver",))
+        tool("etcd", "etcd-server")
+    except Missing as exc:
+        from tests.realkube.plugin import skip_or_fail
+
+        skip_or_fail(str(exc))
+
+
+def _start(tmp_path: Path, then: str) -> tuple[subprocess.Popen, list]:
+    code = START.format(repo=str(REPO), root=str(tmp_path / "ledgers"), work=str(tmp_path / "cp"), then=then)
+    proc = subprocess.Popen([sys.executable, "-c", code], stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    line = proc.stdout.readline()
+    assert line, proc.stderr.read()[-2000:]
+    return proc, json.loads(line)
+
+
+def test_a_run_killed_outright_is_cleaned_by_the_next_runs_janitor(tmp_path, need_binaries):
+    proc, procs = _start(tmp_path, "time.sleep(600)")
+    assert procs and all(alive(pid, started) for pid, started in procs)
+    proc.kill()  # SIGKILL: no teardown, no atexit
+    proc.wait(10)
+    assert all(alive(pid, started) for pid, started in procs)  # orphans, still serving
+    (ledger,) = (tmp_path / "ledgers").glob("*.json")
+    assert not Ledger.load(ledger).owner_alive()
+    done = janitor(tmp_path / "ledgers")
+    assert len(done) == 1 and done[0].endswith("cleaned"), done
+    assert not any(alive(pid, started) for pid, started in procs)
+    assert list((tmp_path / "ledgers").glob("*.json")) == []
+
+
+def test_the_janitor_leaves_a_live_run_alone(tmp_path, need_binaries):
+    proc, procs = _start(tmp_path, "time.sleep(600)")
+    try:
+        assert janitor(tmp_path / "ledgers") == []
+        assert all(alive(pid, started) for pid, started in procs)
+    finally:
+        proc.kill()
+        proc.wait(10)
+        janitor(tmp_path / "ledgers")
+    assert not any(alive(pid, started) for pid, started in procs)
+
+
+def test_sigterm_to_a_pytest_run_cleans_up(tmp_path, need_binaries):
+    """SIGTERM (CI cancelling a job) becomes KeyboardInterrupt, so the fixtures' teardown runs."""
+    test = tmp_path / "test_victim.py"
+    test.write_text(textwrap.dedent("""
+        import json, time
+        def test_hold(control_plane):
+            print("PIDS " + json.dumps([(p.pid, p.started) for p in control_plane.procs]), flush=True)
+            time.sleep(600)
+    """))
+    (tmp_path / "conftest.py").write_text("from tests.realkube.plugin import control_plane  # noqa: F401\n")
+    env = {**os.environ, "PYTHONPATH": str(REPO), "KUBE_CACHE_DIR": os.environ.get("KUBE_CACHE_DIR", "")}
+    if not env["KUBE_CACHE_DIR"]:
+        env.pop("KUBE_CACHE_DIR")
+    proc = subprocess.Popen([sys.executable, "-m", "pytest", "-q", "-s", "-p", "no:cacheprovider", str(test)],
+                            cwd=tmp_path, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, env=env)
+    procs = None
+    t0 = time.monotonic()
+    while procs is None and time.monotonic() - t0 < 60:
+        line = proc.stdout.readline()
+        if line.startswith("PIDS "):
+            procs = json.loads(line[5:])
+        elif not line and proc.poll() is not None:
+            break
+    assert procs, "the control plane did not start in the child run"
+    proc.send_signal(signal.SIGTERM)
+    out, _ = proc.communicate(timeout=60)
+    assert not any(alive(pid, started) for pid, started in procs), out[-2000:]
