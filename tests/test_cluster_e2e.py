@@ -121,6 +121,9 @@ def cluster(tmp_path_factory):
         problems = node.stop()
         finish_ledger(led)
         record_timing("node stopped and cleaned (s)", node.timings.get("stop_s", 0.0))
+        for phase in ("stop_components_s", "stop_pods_s", "stop_processes_s"):
+            if phase in node.timings:
+                print(f"realkube: {phase}: {node.timings[phase]:.1f} s")
         record_timing("end-to-end module, all in (s)", time.monotonic() - t0)
         after = {p: _read(p) for p in kernel_files()}
         changed = {p: (before.get(p), v) for p, v in after.items() if p in before and before[p] != v}

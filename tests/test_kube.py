@@ -538,3 +538,19 @@ def test_generated_core_api_is_never_imported(api, kubeconfig, tmp_path):
     loaded = json.loads(proc.stdout)
     assert "kubernetes.client.api.core_v1_api" not in loaded, loaded
     assert api.node("gpu-1")["metadata"]["labels"]["gpu-tune.io/ready"] == "false"
+
+
+def test_a_publish_right_after_a_failed_read_does_not_retry_again(api, kubeconfig):
+    """The agent reads its Node at the start of a pass and publishes at its end: when the read
+    spent its retries, the publish reports the same failure without calling again (one retry
+    budget per pass), and the next pass calls as usual."""
+    api.add_node("gpu-1")
+    api.fail(r"/nodes/gpu-1$", 503, method="GET")
+    pub = _pub(kubeconfig, sleep=lambda s: None)
+    read = pub.read()
+    calls = len(api.calls)
+    assert not read.ok and "HTTP 503" in read.detail and calls == FAST["attempts"]
+    r = pub.publish(_want(True))
+    assert not r.ok and r.detail == read.detail and len(api.calls) == calls
+    api.clear_faults()
+    assert pub.read().ok and pub.publish(_want(True)).ok

@@ -222,6 +222,7 @@ class KubePublisher:
         self._pending_event: dict[str, Any] | None = None
         self._node_cache: dict[str, Any] | None = None  # the Node as last read or written
         self._prefetched: dict[str, Any] | None = None  # read() just before a publish(): reused once
+        self._read_failed: str | None = None  # ... or why that read failed (retries spent already)
 
     def describe(self) -> str:
         return (f"kubernetes: node {self.node} via {self.source or 'configuration'} ({self._host}), "
@@ -293,20 +294,27 @@ class KubePublisher:
         one GET per pass)."""
         with self._lock:
             ctx = _Pass()
-            self._prefetched = None
+            self._prefetched = self._read_failed = None
             try:
                 self._prefetched = self._read_node(ctx)
                 return ctx.result(True, f"node {self.node} read")
             except _Failed as f:
+                self._read_failed = f.detail
                 return ctx.result(False, f.detail)
             except Exception as exc:  # noqa: BLE001 - a failed read is a value
                 return ctx.result(False, f"unexpected {type(exc).__name__}: {first_line(exc)}")
 
     # -- one pass ----------------------------------------------------------------------------
     def publish(self, want: NodeWant, *, dry_run: bool = False) -> PublishResult:
-        """Bring the Node to ``want``; a second identical pass makes zero write calls."""
+        """Bring the Node to ``want``; a second identical pass makes zero write calls. Right after a
+        :meth:`read` that failed (its retries spent), the publish fails with the same reason
+        without calling again: one pass waits out one retry budget, not two."""
         with self._lock:
             ctx = _Pass()
+            failed, self._read_failed = self._read_failed, None
+            if failed is not None and self._prefetched is None:
+                log.warning("publish to node %s failed: %s", self.node, failed)
+                return ctx.result(False, failed)
             try:
                 detail = self._publish(want, ctx, dry_run)
                 return ctx.result(True, detail)
