@@ -20,7 +20,7 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from gpu_tune.cli.app import main
+from gpu_tune.cli import main
 from gpu_tune.errors import InputError
 from gpu_tune.host.parse import MAX_CPU, ParseError, parse_cpulist, parse_cpumask
 from tests.conftest import GPU_FIXTURES, REPO, run_cli

@@ -310,7 +310,7 @@ def test_connection_limit_leaves_descriptors_to_the_agent():
 def test_serve_listens_on_loopback_by_default():
     import inspect
 
-    from gpu_tune.cli.app import serve_cmd
+    from gpu_tune.cli.serve import serve_cmd
     from gpu_tune.serve.options import ServeOptions
 
     assert ServeOptions().host == "127.0.0.1"

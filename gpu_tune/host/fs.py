@@ -25,29 +25,18 @@ import ctypes
 import errno
 import logging
 import os
-import platform
 import stat
 import tempfile
 from pathlib import Path
 
 from gpu_tune.errors import HostError, InputError
+from gpu_tune.host.resolve import O_CLOEXEC, O_PATH, Escape, Openat2Resolver, WalkResolver, libc
 
 # Filesystems whose files are kernel interfaces: a write is a request, not a byte copy.
 KERNEL_FS_TYPES = frozenset({"proc", "sysfs", "cgroup", "cgroup2", "debugfs", "securityfs", "configfs"})
 # Their statfs(2) f_type magic numbers (linux/magic.h).
 _KERNEL_FS_MAGIC = frozenset({0x9FA0, 0x62656572, 0x27E0EB, 0x63677270, 0x64626720, 0x73636673, 0x62656570})
 
-# openat2(2): struct open_how.resolve flags (linux/openat2.h).
-RESOLVE_NO_MAGICLINKS = 0x02
-RESOLVE_BENEATH = 0x08
-RESOLVE_IN_ROOT = 0x10
-# The syscall number is the same on every architecture of the unified table (since Linux 5.6).
-_SYS_OPENAT2 = {"x86_64": 437, "aarch64": 437, "arm64": 437}.get(platform.machine())
-# The kernel's MAXSYMLINKS: more links in one resolution is ELOOP.
-MAX_SYMLINKS = 40
-
-_O_CLOEXEC = os.O_CLOEXEC
-_O_PATH = getattr(os, "O_PATH", 0)
 
 
 def _reason(exc: OSError) -> str:
@@ -87,191 +76,11 @@ def atomic_write(path: Path, data: bytes, mode: int = 0o644) -> None:
 
 # -- resolving beneath a root ---------------------------------------------------------------
 
-class Escape(OSError):
-    """A symlink on the way leads outside the root (EXDEV); ``link`` is its kernel-style path."""
-
-    def __init__(self, link: str, target: str) -> None:
-        super().__init__(errno.EXDEV, f"the symlink {link} -> {target} leads outside the root", link)
-        self.link = link
-        self.target = target
-
-
-class _OpenHow(ctypes.Structure):
-    _fields_ = [("flags", ctypes.c_uint64), ("mode", ctypes.c_uint64), ("resolve", ctypes.c_uint64)]
-
-
-_LIBC: ctypes.CDLL | None = None
-
-
-def _libc() -> ctypes.CDLL:
-    global _LIBC
-    if _LIBC is None:
-        _LIBC = ctypes.CDLL(None, use_errno=True)
-    return _LIBC
-
-
-class Openat2Resolver:
-    """``openat2(root_fd, path, RESOLVE_IN_ROOT | RESOLVE_NO_MAGICLINKS)`` (reads) or
-    ``RESOLVE_BENEATH`` (writes): the kernel keeps every step beneath the root."""
-
-    name = "openat2"
-
-    def __init__(self, root_fd: int) -> None:
-        if _SYS_OPENAT2 is None:
-            raise OSError(errno.ENOSYS, f"openat2: no syscall number known for {platform.machine()}")
-        self.root_fd = root_fd
-        proto = ctypes.CFUNCTYPE(ctypes.c_long, ctypes.c_long, ctypes.c_long, ctypes.c_char_p,
-                                 ctypes.c_void_p, ctypes.c_size_t, use_errno=True)
-        self._syscall = proto(("syscall", _libc()))
-        self._hows: dict[tuple[int, int, bool], _OpenHow] = {}  # kept alive: their addresses are passed
-        # Probe once: seccomp profiles of older container runtimes answer ENOSYS or EPERM.
-        os.close(self.open("", os.O_RDONLY | os.O_DIRECTORY))
-
-    def _how(self, flags: int, mode: int, beneath: bool) -> _OpenHow:
-        key = (flags, mode, beneath)
-        how = self._hows.get(key)
-        if how is None:
-            how = self._hows.setdefault(key, _OpenHow(
-                flags | _O_CLOEXEC, mode if flags & os.O_CREAT else 0,
-                RESOLVE_NO_MAGICLINKS | (RESOLVE_BENEATH if beneath else RESOLVE_IN_ROOT)))
-        return how
-
-    def open(self, rel: str, flags: int, mode: int = 0, *, beneath: bool = False) -> int:
-        how = self._how(flags, mode, beneath)  # held here while the kernel reads it
-        addr = ctypes.addressof(how)
-        path = os.fsencode(rel) if rel else b"."
-        err = 0
-        for _ in range(16):  # EAGAIN: a concurrent rename or mount moved a '..' step; retry
-            fd = self._syscall(_SYS_OPENAT2, self.root_fd, path, addr, 24)
-            if fd >= 0:
-                return fd
-            err = ctypes.get_errno()
-            if err not in (errno.EAGAIN, errno.EINTR):
-                break
-        raise OSError(err, os.strerror(err), rel)
-
-
-def _readlink(name: str, dir_fd: int) -> str | None:
-    """The target of ``name`` in ``dir_fd`` when it is a symlink, else None."""
-    try:
-        return os.readlink(name, dir_fd=dir_fd)
-    except OSError:
-        return None
-
-
-class WalkResolver:
-    """The same resolution without openat2: one component at a time from the root's descriptor,
-    each opened ``O_PATH|O_NOFOLLOW`` (so no component is followed by the kernel), symlinks read
-    and expanded here: an absolute one restarts from the root (or is refused, beneath), ``..``
-    never climbs above the root, more than :data:`MAX_SYMLINKS` links is ELOOP.
-
-    Magic links (``/proc/<pid>/fd/N``) are read as ordinary symlinks: followed by their text,
-    beneath the root, where ``openat2`` refuses them (``RESOLVE_NO_MAGICLINKS``). Either way
-    nothing outside the root is reached.
-    """
-
-    name = "walk"
-
-    def __init__(self, root_fd: int) -> None:
-        self.root_fd = root_fd
-
-    def open(self, rel: str, flags: int, mode: int = 0, *, beneath: bool = False) -> int:
-        fd, _ = self._walk(rel, flags | _O_CLOEXEC, mode, beneath=beneath)
-        assert fd is not None
-        return fd
-
-    def resolve(self, rel: str) -> list[str]:
-        """The components of ``rel`` after resolving every link in-root (like realpath(3):
-        a missing component ends the resolution; the rest is kept as written)."""
-        return self._walk(rel, None, 0, beneath=False)[1]
-
-    def escape(self, rel: str) -> Escape | None:
-        """The first link on the way to ``rel`` that leads outside the root, if any."""
-        try:
-            self._walk(rel, None, 0, beneath=True)
-        except Escape as exc:
-            return exc
-        except OSError:
-            return None
-        return None
-
-    def _walk(self, rel: str, flags: int | None, mode: int, *, beneath: bool) -> tuple[int | None, list[str]]:
-        # ``todo`` is a stack (next component last); each carries the link that produced it
-        todo: list[tuple[str, tuple[str, str] | None]] = [(c, None) for c in reversed(rel.split("/")) if c]
-        fds: list[int] = []      # owned descriptors of the directories walked below the root
-        names: list[str] = []    # and their names
-        links = 0
-        try:
-            while todo:
-                name, origin = todo.pop()
-                if name == ".":
-                    continue
-                if name == "..":
-                    if fds:
-                        os.close(fds.pop())
-                        names.pop()
-                    elif beneath and origin is not None:
-                        raise Escape(*origin)
-                    continue
-                cur = fds[-1] if fds else self.root_fd
-                last = not todo
-                if last and flags is not None:
-                    fl, m = flags | os.O_NOFOLLOW, mode
-                elif last:
-                    fl, m = _O_PATH | os.O_NOFOLLOW | _O_CLOEXEC, 0
-                else:
-                    fl, m = _O_PATH | os.O_NOFOLLOW | os.O_DIRECTORY | _O_CLOEXEC, 0
-                target: str | None = None
-                try:
-                    fd = os.open(name, fl, m, dir_fd=cur)
-                except OSError as exc:
-                    if exc.errno in (errno.ELOOP, errno.ENOTDIR, errno.EMLINK):
-                        target = _readlink(name, cur)
-                    if target is None:
-                        if flags is None and exc.errno in (errno.ENOENT, errno.ENOTDIR):
-                            return None, names + [name] + [c for c, _ in reversed(todo)]
-                        raise
-                else:
-                    if fl & _O_PATH and not fl & os.O_DIRECTORY and stat.S_ISLNK(os.fstat(fd).st_mode):
-                        os.close(fd)
-                        target = _readlink(name, cur)
-                        if target is None:  # replaced under us
-                            raise OSError(errno.EAGAIN, os.strerror(errno.EAGAIN), rel)
-                    elif last:
-                        if flags is not None:
-                            return fd, names + [name]
-                        os.close(fd)
-                        return None, names + [name]
-                    else:
-                        fds.append(fd)
-                        names.append(name)
-                        continue
-                # a symlink: expand it in place
-                links += 1
-                if links > MAX_SYMLINKS:
-                    raise OSError(errno.ELOOP, os.strerror(errno.ELOOP), rel)
-                link = (("/" + "/".join(names + [name])), target)
-                if target.startswith("/"):
-                    if beneath:
-                        raise Escape(*link)
-                    while fds:
-                        os.close(fds.pop())
-                    names.clear()
-                todo.extend((c, link) for c in reversed(target.split("/")) if c)
-            # the path ended on a folder reached through '..', '.' or a link to one
-            if flags is not None:
-                return os.open(".", flags, mode, dir_fd=fds[-1] if fds else self.root_fd), list(names)
-            return None, list(names)
-        finally:
-            for fd in fds:
-                os.close(fd)
-
-
 def _fs_magic(fd: int) -> int | None:
     """statfs(2) f_type of the filesystem holding ``fd``."""
     buf = ctypes.create_string_buffer(512)
     try:
-        if _libc().fstatfs(ctypes.c_int(fd), buf) != 0:
+        if libc().fstatfs(ctypes.c_int(fd), buf) != 0:
             return None
     except (OSError, AttributeError):
         return None
@@ -309,7 +118,7 @@ class HostFS:
         if self._plain:
             self.resolver = "plain"
             return
-        self._root_fd = os.open(self.root, _O_PATH | os.O_DIRECTORY | _O_CLOEXEC)
+        self._root_fd = os.open(self.root, O_PATH | os.O_DIRECTORY | O_CLOEXEC)
         self._walker = WalkResolver(self._root_fd)
         self._resolve: Openat2Resolver | WalkResolver = self._walker
         why = "GPU_TUNE_RESOLVER=walk"
@@ -382,7 +191,7 @@ class HostFS:
         """A descriptor for ``rel`` resolved beneath the root; writes only through links that
         stay beneath it. Raises OSError (:class:`Escape` where a link leads outside)."""
         if self._plain:
-            return os.open("/" + rel, flags | _O_CLOEXEC, mode)
+            return os.open("/" + rel, flags | O_CLOEXEC, mode)
         try:
             return self._resolve.open(rel, flags, mode, beneath=write)
         except Escape:
@@ -409,14 +218,14 @@ class HostFS:
     # -- reading ---------------------------------------------------------------------------
     def exists(self, host_path: str) -> bool:
         try:
-            os.close(self._open(self._rel(host_path), _O_PATH))
+            os.close(self._open(self._rel(host_path), O_PATH))
             return True
         except OSError:
             return False
 
     def is_dir(self, host_path: str) -> bool:
         try:
-            os.close(self._open(self._rel(host_path), _O_PATH | os.O_DIRECTORY))
+            os.close(self._open(self._rel(host_path), O_PATH | os.O_DIRECTORY))
             return True
         except OSError:
             return False
@@ -480,7 +289,7 @@ class HostFS:
     def is_kernel_file(self, host_path: str) -> bool:
         """True when the file lives on procfs/sysfs (a knob), False for a regular file."""
         try:
-            fd = self._open(self._rel(host_path), _O_PATH)
+            fd = self._open(self._rel(host_path), O_PATH)
         except OSError:
             return False
         try:
@@ -575,7 +384,7 @@ class HostFS:
             for _ in range(100):
                 tmp = f".{name}.{os.urandom(6).hex()}"
                 try:
-                    fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW | _O_CLOEXEC,
+                    fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW | O_CLOEXEC,
                                  0o600, dir_fd=dfd)
                     break
                 except FileExistsError:
