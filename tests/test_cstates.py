@@ -13,7 +13,8 @@ from gpu_tune.host.fs import HostFS
 from gpu_tune.tune.journal import Journal
 from gpu_tune.tune.knobs.base import Context
 from gpu_tune.tune.knobs.cpu_cstates import CpuCstatesKnob
-from gpu_tune.tune.policy import Profile, load_profile
+from gpu_tune.tune.profile import Profile
+from gpu_tune.tune.policy import load_profile
 from tests.conftest import snapshot_tree
 
 CPU = "sys/devices/system/cpu"

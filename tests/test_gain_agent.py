@@ -12,7 +12,8 @@ from gpu_tune.serve.app import create_app
 from gpu_tune.errors import InputError
 from gpu_tune.cluster.fleet import fleet_report, render_table
 from gpu_tune.cluster.labels import ANNOTATION_SUMMARY, CONDITION_TYPE, node_summary, summary_annotation
-from gpu_tune.tune.policy import Profile, load_profile
+from gpu_tune.tune.profile import Profile
+from gpu_tune.tune.policy import load_profile
 from gpu_tune.serve.agent import Agent
 from gpu_tune.serve.options import ServeOptions
 from gpu_tune.serve.stages import default_stages

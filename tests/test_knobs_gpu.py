@@ -18,7 +18,8 @@ from gpu_tune.tune.knobs.allocator import AllocatorKnob, find_host_jemalloc
 from gpu_tune.tune.knobs.base import Context
 from gpu_tune.tune.knobs.gpu_persistence import GpuPersistenceKnob
 from gpu_tune.tune.knobs.irq_affinity import IrqAffinityKnob
-from gpu_tune.tune.policy import Profile, load_profile
+from gpu_tune.tune.profile import Profile
+from gpu_tune.tune.policy import load_profile
 from tests.fixtures import pcigen
 
 N0 = "0-55,112-167"
@@ -270,7 +271,7 @@ def test_irq_rows_are_errors_when_the_node_cpulist_is_unreadable(make_host, gpu_
     from gpu_tune.host.fs import HostFS
     from gpu_tune.tune.knobs.base import Context
     from gpu_tune.tune.knobs.irq_affinity import IrqAffinityKnob
-    from gpu_tune.tune.policy import Profile
+    from gpu_tune.tune.profile import Profile
 
     root = make_host("link-degraded")
     (root / "sys/devices/system/node/node0/cpulist").write_text("garbage-x\n")

@@ -18,7 +18,7 @@ import pytest
 
 from gpu_tune.judge import probe
 from gpu_tune.errors import InputError
-from gpu_tune.tune.policy import ProbePolicy
+from gpu_tune.tune.profile import ProbePolicy
 
 ROOT = Path(__file__).resolve().parent.parent
 JEMALLOC = next((p for p in ("/usr/lib/x86_64-linux-gnu/libjemalloc.so.2", "/usr/lib64/libjemalloc.so.2",
@@ -260,7 +260,7 @@ class MigBackend:
 
 
 def test_mig_enabled_gpu_is_skipped_with_a_reason_never_failed(runner, fake):
-    from gpu_tune.tune.policy import Profile
+    from gpu_tune.tune.profile import Profile
 
     backend = MigBackend(mig=[1])
     t0, t1 = probe.plan_targets(_topo(_gpu(0), _gpu(1)), Profile(name="t"), backend, gpu="all", device="auto")
@@ -431,7 +431,7 @@ def test_render_table(fake):
 
 # -- planning -------------------------------------------------------------------------------------
 def _topo(*gpus, nodes=(0,)):
-    from gpu_tune.discover.topology import NumaNode, Topology
+    from gpu_tune.discover.model import NumaNode, Topology
 
     cpus = sorted(MY_CPUS)
     per = max(1, len(cpus) // len(nodes))
@@ -441,7 +441,7 @@ def _topo(*gpus, nodes=(0,)):
 
 
 def _gpu(i, node=0, index=True):
-    from gpu_tune.discover.topology import PciDevice
+    from gpu_tune.discover.model import PciDevice
 
     return PciDevice(address=f"0000:{i + 1:02x}:00.0", kind="gpu", vendor="0x10de", device="0x2330",
                      pci_class="0x030200", numa_node=node, numa_source="firmware", local_cpus=MY_CPUS,
@@ -462,7 +462,7 @@ def test_plan_cpu_target_runs_unbound_on_our_cpus(runner):
 
 
 def test_plan_gpu_targets_and_bad_index(runner):
-    from gpu_tune.tune.policy import Profile
+    from gpu_tune.tune.profile import Profile
 
     topo = _topo(_gpu(0), _gpu(1))
     ts = probe.plan_targets(topo, Profile(name="t"), None, gpu="all", device="auto")
@@ -473,7 +473,7 @@ def test_plan_gpu_targets_and_bad_index(runner):
 
 
 def test_plan_gpu_on_cpu_only_host(runner):
-    from gpu_tune.tune.policy import Profile
+    from gpu_tune.tune.profile import Profile
 
     (t,) = probe.plan_targets(_topo(), Profile(name="t"), None, gpu=None, device="gpu")
     assert t.device == "gpu" and t.gpu_index is None
@@ -482,7 +482,7 @@ def test_plan_gpu_on_cpu_only_host(runner):
 
 
 def test_plan_skips_unindexed_gpus_and_notes_unknown_node(runner):
-    from gpu_tune.tune.policy import Profile
+    from gpu_tune.tune.profile import Profile
 
     topo = _topo(_gpu(0, node=None), _gpu(1, index=False))
     (t,) = probe.plan_targets(topo, Profile(name="t"), None, gpu=None, device="auto")
@@ -491,7 +491,7 @@ def test_plan_skips_unindexed_gpus_and_notes_unknown_node(runner):
 
 
 def test_plan_cpu_target_on_a_requested_node_and_with_jemalloc(runner):
-    from gpu_tune.tune.policy import Profile
+    from gpu_tune.tune.profile import Profile
 
     prof = Profile(name="t", allocator={"preload": "jemalloc", "malloc_conf": "background_thread:true"})
     (t,) = probe.plan_targets(_topo(), prof, None, gpu=None, device="cpu", numa_node=0)
@@ -507,7 +507,7 @@ def test_plan_cpu_target_on_a_requested_node_and_with_jemalloc(runner):
 @pytest.mark.skipif(not os.path.exists("/sys/devices/system/node/node0"), reason="no NUMA sysfs")
 def test_planned_gpu_target_is_bound_and_verified_end_to_end(runner, fake):
     """plan_targets -> numactl (or the python binder) -> the probe reads its own binding."""
-    from gpu_tune.tune.policy import Profile
+    from gpu_tune.tune.profile import Profile
 
     prof = Profile(name="t", allocator={"preload": "jemalloc"})
     (t,) = probe.plan_targets(_topo(_gpu(0)), prof, None, gpu="0", device="auto")
@@ -620,7 +620,7 @@ def test_gpu_on_a_node_outside_our_cpuset_is_an_error_without_a_process(runner, 
     """A pod pinned away from a GPU's NUMA node: say so plainly instead of numactl's usage text."""
     from gpu_tune.gpu import select_backend
     from gpu_tune.host.fs import HostFS
-    from gpu_tune.tune.policy import Profile
+    from gpu_tune.tune.profile import Profile
     from gpu_tune.discover.topology import discover
 
     mems = probe._allowed_mems()

@@ -23,8 +23,8 @@ from gpu_tune.errors import CommandNotRunnable, InputError
 from gpu_tune.host.parse import format_cpulist
 
 if TYPE_CHECKING:  # pragma: no cover
-    from gpu_tune.tune.policy import Profile
-    from gpu_tune.discover.topology import Topology
+    from gpu_tune.tune.profile import Profile
+    from gpu_tune.discover.model import Topology
 
 log = logging.getLogger("gpu_tune")
 

@@ -9,7 +9,7 @@ from rich.text import Text
 from rich.tree import Tree
 
 from gpu_tune.host.parse import format_cpulist
-from gpu_tune.discover.topology import PciDevice, Topology
+from gpu_tune.discover.model import PciDevice, Topology
 
 
 def _gib(kib: int | None) -> str:

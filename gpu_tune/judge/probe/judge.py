@@ -13,7 +13,7 @@ from dataclasses import dataclass, field
 from typing import Any, Mapping
 
 from gpu_tune.host.parse import ParseError, format_cpulist, parse_cpulist
-from gpu_tune.tune.policy import ProbePolicy
+from gpu_tune.tune.profile import ProbePolicy
 from gpu_tune.judge.figures import number as _num
 from gpu_tune.judge.figures import regimes
 from gpu_tune.judge.probe.baselines import REGIME_WORDS, REGIMES, Baseline, Baselines
