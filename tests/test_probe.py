@@ -424,7 +424,8 @@ def test_render_table(fake):
 
     vs = _run([_target(), _target(env={"FAKE_MODE": "crash"})], module=fake)
     con = Console(record=True, width=200)
-    con.print(probe.render_probe_table(vs))
+    from gpu_tune.views.probe import render_probe_table
+    con.print(render_probe_table(vs))
     text = con.export_text()
     assert "passed" in text and "crashed" in text and "0.9500" in text
 

@@ -51,7 +51,9 @@ def probe_cmd(
     if g.output == "json":
         print_json({"profile": prof.name, "passed": passed, "results": [v.as_dict() for v in verdicts]})
     else:
-        console().print(probe_mod.render_probe_table(verdicts))
+        from gpu_tune.views.probe import render_probe_table
+
+        console().print(render_probe_table(verdicts))
     return 0 if passed else 1
 
 

@@ -35,9 +35,9 @@ import re
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any, Iterable
 
-from gpu_tune.discover.model import NumaNode, NumaSource, PciDevice, Topology, nic_name, normalize_bus_id
+from gpu_tune.discover.model import NumaNode, NumaSource, PciDevice, Topology, nic_name
 from gpu_tune.errors import HostError
-from gpu_tune.host.parse import (MAX_CPU, ParseError, format_cpulist, irqs_named, parse_cpulist, parse_cpumask, parse_int,
+from gpu_tune.host.parse import (MAX_CPU, normalize_bus_id, ParseError, format_cpulist, irqs_named, parse_cpulist, parse_cpumask, parse_int,
                     parse_interrupts, parse_link_speed, parse_link_width, parse_meminfo)
 
 if TYPE_CHECKING:  # pragma: no cover

@@ -111,7 +111,7 @@ def _check_types(p: Path, i: int, g: dict[str, Any]) -> None:
 
 
 def _normalize_bus_id(bus_id: str) -> str:
-    from gpu_tune.discover.model import normalize_bus_id
+    from gpu_tune.host.parse import normalize_bus_id
 
     return normalize_bus_id(bus_id)
 
