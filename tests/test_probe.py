@@ -327,7 +327,11 @@ def test_numa_binding_verified_from_inside(fake):
 def test_jemalloc_required(fake):
     pol = ProbePolicy(require_jemalloc=True)
     (no,) = _run([_target()], module=fake, policy=pol)
-    assert no.status == "failed" and "jemalloc is required" in no.reasons[0]
+    # nothing preloaded: the reason is the audit's sentence for a missing library
+    assert no.status == "failed" and "jemalloc is not installed" in no.reasons[0]
+    assert "apt-get install libjemalloc2" in no.reasons[0]
+    (bad,) = _run([_target(env={"LD_PRELOAD": "/nonexistent/libjemalloc.so.2"})], module=fake, policy=pol)
+    assert bad.status == "failed" and "jemalloc is required but not mapped" in bad.reasons[0]
     (yes,) = _run([_target(env={"LD_PRELOAD": JEMALLOC})], module=fake, policy=pol)
     assert yes.status == "passed" and yes.result["host"]["jemalloc_mapped"] is True
 

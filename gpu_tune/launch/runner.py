@@ -21,6 +21,7 @@ from typing import TYPE_CHECKING, Mapping, NewType, NoReturn
 
 from gpu_tune.errors import CommandNotRunnable, InputError
 from gpu_tune.host.parse import format_cpulist
+from gpu_tune.tune.knobs.allocator import jemalloc_missing
 
 if TYPE_CHECKING:  # pragma: no cover
     from gpu_tune.tune.profile import Profile
@@ -104,6 +105,9 @@ def bind_prefix(binding: Binding) -> list[str]:
     return out + ["--"]
 
 
+LOCAL_JEMALLOC_MISSING = jemalloc_missing("where this command runs")
+
+
 def find_local_jemalloc(dirs: tuple[str, ...] = LOCAL_LIB_DIRS) -> LocalPath | None:
     """``libjemalloc.so.2`` in this process's own library folders (deliberately not under --root)."""
     for d in dirs:
@@ -123,8 +127,7 @@ def workload_env(binding: Binding, profile: "Profile", base_env: Mapping[str, st
     if alloc.preload == "jemalloc":
         lib = find_local_jemalloc()
         if lib is None:
-            warnings.append("allocator.preload is jemalloc but libjemalloc.so.2 is not installed here "
-                            "(apt-get install libjemalloc2 / dnf install jemalloc); running without it")
+            warnings.append(f"allocator.preload is jemalloc, but {LOCAL_JEMALLOC_MISSING}; running without it")
         else:
             existing = [p for p in env.get("LD_PRELOAD", "").replace(":", " ").split() if p]
             if lib not in existing:

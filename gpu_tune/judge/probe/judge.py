@@ -18,6 +18,7 @@ from gpu_tune.judge.figures import number as _num
 from gpu_tune.judge.figures import regimes
 from gpu_tune.judge.probe.baselines import REGIME_WORDS, REGIMES, Baseline, Baselines
 from gpu_tune.judge.probe.plan import ProbeTarget
+from gpu_tune.launch.runner import LOCAL_JEMALLOC_MISSING
 
 SDC_MEANING = ("this device computes a different result than healthy peers: possible silent data "
                "corruption or a broken software stack; drain the node and run the GPU vendor's "
@@ -114,8 +115,11 @@ def _binding(host: Mapping[str, Any], target: ProbeTarget, policy: ProbePolicy) 
                 reasons.append(f"memory allowed on NUMA node(s) {host.get('mems_allowed')!r}, "
                                f"expected {target.expected_node}")
     if policy.require_jemalloc and not host.get("jemalloc_mapped"):
-        reasons.append("jemalloc is required but not mapped in the probe process "
-                       f"(LD_PRELOAD={host.get('ld_preload', '')!r})")
+        if not str(host.get("ld_preload", "")).strip():  # nothing to preload was found here
+            reasons.append(f"probe.require_jemalloc: {LOCAL_JEMALLOC_MISSING}")
+        else:
+            reasons.append("jemalloc is required but not mapped in the probe process "
+                           f"(LD_PRELOAD={host.get('ld_preload', '')!r})")
     return reasons
 
 
