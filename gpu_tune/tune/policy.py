@@ -28,6 +28,11 @@ def default_policy_dir() -> Path:
     env = os.environ.get("GPU_TUNE_POLICY_DIR")
     if env:
         return Path(env)
+    return shipped_policy_dir()
+
+
+def shipped_policy_dir() -> Path:
+    """The profiles that come with gpu-tune (the package's, or the checkout's ``policies/``)."""
     package = Path(__file__).resolve().parents[1]  # gpu_tune/
     installed = package / "policies"  # installed from a wheel: package data
     if (installed / "training.yaml").exists():
@@ -113,8 +118,23 @@ def _resolve(path: Path, policy_dir: Path, stack: tuple[Path, ...]) -> dict[str,
     for name in includes:
         if not isinstance(name, str) or "/" in name or name.startswith(".") or not name.endswith(".yaml"):
             raise InputError(f"{path}: include: {name!r} must be a .yaml file name in {policy_dir}")
-        merged = _merge(merged, _resolve(policy_dir / name, policy_dir, (*stack, path)))
+        included = _resolve(_include_path(path, name, policy_dir), policy_dir, (*stack, path))
+        included.pop("name", None)  # a profile is named by its own file, not by what it includes
+        merged = _merge(merged, included)
     return _merge(merged, data)
+
+
+def _include_path(path: Path, name: str, policy_dir: Path) -> Path:
+    """Where ``include: name`` is read from: the policy folder, else the shipped profiles (so a
+    profile written for one node, in a folder of its own, can include ``training.yaml``), as tuned
+    looks in /etc/tuned before /usr/lib/tuned."""
+    own = policy_dir / name
+    if own.exists():
+        return own
+    shipped = shipped_policy_dir() / name
+    if shipped.exists():
+        return shipped
+    raise InputError(f"{path}: include: {name!r}: no such policy file in {policy_dir} or among the shipped profiles")
 
 
 def _one_line(exc: ValidationError) -> str:
