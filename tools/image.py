@@ -13,7 +13,7 @@ The podman flags are the ones a machine without a Docker engine and with hybrid 
 build machine's CA bundle and /etc/pip.conf are mounted into the build only when present there,
 never copied into the image. Without --python-image: python:3.11-slim-bookworm if podman has it,
 else, where mmdebstrap is installed, an equivalent Debian bookworm base built locally
-(localhost/debian-py:bookworm), else python:3.11-slim-bookworm pulled from its registry.
+(localhost/debian-py:bookworm-slim), else python:3.11-slim-bookworm pulled from its registry.
 """
 
 from __future__ import annotations
@@ -30,7 +30,14 @@ from pathlib import Path
 
 ROOT = Path(__file__).resolve().parent.parent
 DEFAULT_BASE = "python:3.11-slim-bookworm"
-LOCAL_BASE = "localhost/debian-py:bookworm"
+LOCAL_BASE = "localhost/debian-py:bookworm-slim"
+# What python:3.11-slim-bookworm leaves out, left out here too: documentation, manual pages and
+# translations (dpkg's path-exclude, kept in the image so later apt-get installs skip them too),
+# and apt's package lists.
+SLIM_DPKG = ["path-exclude=/usr/share/doc/*", "path-include=/usr/share/doc/*/copyright",
+             "path-exclude=/usr/share/man/*", "path-exclude=/usr/share/info/*",
+             "path-exclude=/usr/share/locale/*", "path-include=/usr/share/locale/locale.alias",
+             "path-exclude=/usr/share/lintian/*"]
 # What the build context holds (the .dockerignore allow-list): copied for --code-change.
 CONTEXT = ["Dockerfile", ".dockerignore", "pyproject.toml", "README.md", "gpu_tune",
            "policies", "requirements", "data"]
@@ -59,14 +66,19 @@ def image_exists(ref: str) -> bool:
 
 
 def local_base(log=sys.stderr) -> str:
-    """localhost/debian-py:bookworm, made with mmdebstrap if podman does not have it yet."""
+    """localhost/debian-py:bookworm-slim, made with mmdebstrap if podman does not have it yet."""
     if image_exists(LOCAL_BASE):
         return LOCAL_BASE
     with tempfile.TemporaryDirectory(prefix="gpu-tune-base-") as tmp:
         tar = os.path.join(tmp, "base.tar")
         print(f"building {LOCAL_BASE} with mmdebstrap (Debian bookworm, python3)", file=log)
-        subprocess.run(["mmdebstrap", "--quiet", "--variant=minbase",
+        # merged-usr: /usr merged by mmdebstrap itself, as in python:3.11-slim, instead of
+        # Debian's usrmerge package (which pulls Perl, ~50 MB, into the image)
+        hooks = [f"--hook-dir={d}" for d in ("/usr/share/mmdebstrap/hooks/merged-usr",) if os.path.isdir(d)]
+        subprocess.run(["mmdebstrap", "--quiet", "--variant=minbase", *hooks,
+                        *[f"--dpkgopt={o}" for o in SLIM_DPKG],
                         "--include=python3,python3-venv,ca-certificates,python-is-python3",
+                        "--customize-hook=rm -rf \"$1\"/var/lib/apt/lists/* \"$1\"/var/cache/apt/*.bin",
                         "bookworm", tar], check=True)
         podman("import", tar, LOCAL_BASE)
     return LOCAL_BASE
@@ -94,6 +106,7 @@ def build(context: Path, flavour: str, tag: str, base: str, log_path: Path,
     cmd += ["--build-arg", f"PYTHON_IMAGE={base}", "--build-arg", f"FLAVOUR={flavour}",
             "-t", tag, str(context)]
     t0 = time.monotonic()
+    Path(log_path).parent.mkdir(parents=True, exist_ok=True)
     with open(log_path, "w") as log:
         rc = subprocess.run(cmd, stdout=log, stderr=subprocess.STDOUT).returncode
     took = time.monotonic() - t0
