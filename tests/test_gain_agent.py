@@ -65,7 +65,7 @@ class GainWorld(World):
 
 
 def test_profile_gain_setting_defaults_off_and_is_validated(tmp_path):
-    assert Profile(name="p").gain.measure_on_start is False and Profile(name="p").gain.pairs == 3
+    assert Profile(name="p").gain.measure_on_start is False and Profile(name="p").gain.pairs is None
     assert load_profile("training").gain.measure_on_start is False
     for body, needle in (("gain:\n  pairs: 0\n", "gain.pairs"), ("gain:\n  measure_on_start: maybe\n", "gain.measure_on_start"),
                          ("gain:\n  window_seconds: -1\n", "gain.window_seconds"), ("gain:\n  pair: 3\n", "gain.pair: unknown key")):

@@ -207,3 +207,11 @@ def test_aa_with_six_arms_holds_together():
         arms = [[1000 * math.exp(_noise("skewed", rng)) for _ in range(n)] for _ in range(6)]
         any_loss += any(compare("x", control, arm, confidence=level).verdict == LOSS for arm in arms)
     assert any_loss / trials <= 0.08, any_loss
+
+
+def test_a_confirmed_but_small_difference_is_no_difference_that_counts():
+    u = [1000.0 + i for i in range(8)]
+    t = [x * 0.992 for x in u]  # 0.8 % slower in every pair, no noise: certain, and too small to matter
+    r = compare("images_per_second", u, t)
+    assert r.upper < 1.0 and r.verdict == SAME and "small difference" in r.reason
+    assert compare("images_per_second", u, [x * 0.97 for x in u]).verdict == LOSS

@@ -143,6 +143,6 @@ def run_cmd(
     prof = profile_of(g, profile)
     backend = gpu_backend(g) if gpu is not None else None
     topo = discover(open_host(g), backend)
-    binding = runner.binding_for(topo, gpu=gpu, numa_node=numa_node)
+    binding = runner.binding_for_profile(topo, prof, gpu=gpu, numa_node=numa_node)
     runner.exec_run(binding, prof, argv)
     return 3  # exec_run does not return

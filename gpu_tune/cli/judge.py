@@ -58,12 +58,24 @@ def probe_cmd(
 
 
 @command("gain", help="Measure what the profile gains (or loses) here: the probe's launch-bound regime untuned vs "
-                       "tuned, interleaved pairs, 95% interval. Exit 0 gain or no difference, 1 loss or inconclusive.")
+                       "tuned (or each setting family, or untuned vs untuned), interleaved pairs, intervals confirmed "
+                       "by an exact test. Exit 0 gain or no difference, 1 loss or inconclusive.")
 def gain_cmd(
     g: Globals,
     profile: ProfileOpt = "training",
     gpu: Annotated[Optional[str], typer.Option("--gpu", metavar="N|all", help="GPU index or 'all' [default: all]")] = None,
-    pairs: Annotated[int, typer.Option("--pairs", metavar="K", help="Untuned/tuned pairs, run A/B/B/A… (1..50)")] = 3,
+    pairs: Annotated[Optional[int], typer.Option("--pairs", metavar="K",
+                                                 help="Rounds: each arm once a round, A B, B A, ... (1..50) "
+                                                      "[default: 6, 8 with --per-setting]")] = None,
+    per_setting: Annotated[bool, typer.Option("--per-setting", help="Also measure each setting family alone on "
+                                                                    "top of untuned, in the same interleaved run")] = False,
+    null: Annotated[bool, typer.Option("--null", help="A/A calibration: both sides untuned, through the same "
+                                                      "machinery (what the method says when nothing differs)")] = False,
+    write_profile: Annotated[Optional[str], typer.Option(
+        "--write-profile", metavar="FILE", help="With --per-setting: write a profile for this node that includes "
+                                                "this one and leaves out every family that measured a LOSS")] = None,
+    warmup: Annotated[int, typer.Option("--warmup", metavar="N", min=0, max=10,
+                                        help="Runs before the first round, not counted")] = 1,
     keep: Annotated[bool, typer.Option("--keep", help="Leave the host tuned afterwards (default: as found)")] = False,
     force: Annotated[bool, typer.Option("--force", help="Compare even when a GPU is busy with other work")] = False,
     window: Annotated[Optional[float], typer.Option("--window", metavar="S",
@@ -75,14 +87,17 @@ def gain_cmd(
 ) -> int:
     import signal
 
-    from gpu_tune.judge.gain import measure as gain_mod
     from gpu_tune.discover.topology import discover
+    from gpu_tune.judge.gain import measure as gain_mod
 
     _check_gpu_and_data(gpu, data)
-    if not 1 <= pairs <= gain_mod.MAX_PAIRS:
+    if pairs is not None and not 1 <= pairs <= gain_mod.MAX_PAIRS:
         raise InputError(f"--pairs {pairs}: expected 1..{gain_mod.MAX_PAIRS}")
     if window is not None and not 0 < window <= 600:
         raise InputError(f"--window {window}: expected 0 < S <= 600")
+    if per_setting and null:
+        raise InputError("--per-setting and --null: give one (an A/A run has no settings to split)")
+    out_path, out_name = _written_profile(write_profile, per_setting)
     prof = profile_of(g, profile)
     fs = open_host(g)
     backend = gpu_backend(g)
@@ -95,11 +110,64 @@ def gain_cmd(
     try:
         doc = gain_mod.measure_gain(fs=fs, profile=prof, backend=backend, topology=topo, gpu=gpu, pairs=pairs,
                                     keep=keep, force=force, data=data, window=window, timeout=timeout,
+                                    per_setting=per_setting, null=null, warmup=warmup,
                                     progress=lambda m: log.info("gain: %s", m))
     finally:
         signal.signal(signal.SIGTERM, old)
+    if out_path is not None:
+        doc["written_profile"] = _write_profile(doc, prof, out_path, out_name)
     if g.output == "json":
         print_json(doc)
     else:
-        console().print(gain_mod.render_gain(doc))
+        from gpu_tune.views.gain import render_gain
+
+        console().print(render_gain(doc))
+        if out_path is not None:
+            w = doc["written_profile"]
+            left = ", ".join(w["left_out"]) or "nothing (no family measured a loss)"
+            console().print(f"wrote profile {out_name} to {out_path}: left out {left}; use it with "
+                            f"--policy-dir {out_path.parent} --profile {out_name}")
     return gain_mod.exit_code(doc)
+
+
+def _written_profile(path: Optional[str], per_setting: bool):
+    """``--write-profile FILE``, checked before anything runs: (path, profile name) or (None, None)."""
+    if path is None:
+        return None, None
+    from pathlib import Path
+
+    from gpu_tune.tune.profile import NAME_RE
+
+    if not per_setting:
+        raise InputError("--write-profile needs --per-setting (the profile leaves out families measured one by one)")
+    p = Path(path)
+    if p.suffix != ".yaml" or not NAME_RE.fullmatch(p.stem):
+        raise InputError(f"--write-profile {path}: expected NAME.yaml, NAME matching {NAME_RE.pattern} "
+                         "(the file name is the profile's name)")
+    if not p.parent.is_dir():
+        raise InputError(f"--write-profile {path}: no such folder {p.parent}")
+    return p, p.stem
+
+
+def _write_profile(doc, prof, path, name) -> dict:
+    """Write the profile (temp file + rename) and load it back, so that what was written is known to
+    be a valid profile before anyone uses it."""
+    import os
+    import socket
+    import tempfile
+
+    from gpu_tune.judge.gain.advice import profile_without_losses
+    from gpu_tune.tune.policy import load_profile
+
+    text, dropped = profile_without_losses(doc, prof, name, node=socket.gethostname())
+    fd, tmp = tempfile.mkstemp(prefix=f".{name}.", suffix=".tmp", dir=str(path.parent))
+    try:
+        with os.fdopen(fd, "w", encoding="utf-8") as fh:
+            fh.write(text)
+        os.replace(tmp, path)
+    except BaseException:
+        if os.path.exists(tmp):
+            os.unlink(tmp)
+        raise
+    load_profile(name, path.parent)
+    return {"path": str(path), "name": name, "left_out": dropped}

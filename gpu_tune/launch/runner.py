@@ -84,6 +84,18 @@ def binding_for(topology: "Topology", *, gpu: int | None = None, numa_node: int 
     return Binding(None, frozenset(), None, None)
 
 
+def binding_for_profile(topology: "Topology", profile: "Profile", *, gpu: int | None = None,
+                        numa_node: int | None = None) -> Binding:
+    """:func:`binding_for`, unless the profile says jobs run unbound (``launch.numa_binding: false``):
+    then no CPU or memory binding, the GPU still chosen."""
+    binding = binding_for(topology, gpu=gpu, numa_node=numa_node)
+    launch = getattr(profile, "launch", None)
+    if launch is None or launch.numa_binding:
+        return binding
+    return Binding(None, frozenset(), binding.gpu_index, binding.gpu_uuid,
+                   (f"profile {profile.name}: launch.numa_binding is false: running unbound",))
+
+
 def bind_prefix(binding: Binding) -> list[str]:
     """The command words that bind what follows them (empty when nothing is to be bound)."""
     cpus = format_cpulist(binding.cpus)

@@ -101,6 +101,10 @@ FAMILIES: dict[str, tuple[str, tuple[str, ...]]] = {
     "gpu_tune_tuning_gain_ratio": ("Tuned / untuned ratio of the measure in the probe's regime, measured by "
                                    "gpu-tune gain at the agent's start (images_per_second: above 1 is a gain; "
                                    "jitter_p99_over_p50: below 1 is a gain)", ("gpu", "regime", "measure")),
+    "gpu_tune_tuning_gain_family_ratio": ("Images/s ratio of one setting family alone on top of untuned against "
+                                          "untuned (gpu-tune gain --per-setting at the agent's start, profile "
+                                          "gain.per_setting; the worst GPU), labelled with the family's verdict",
+                                          ("family", "verdict")),
     "gpu_tune_tuning_gain_ratio_lower": ("Lower bound of the 95% interval of gpu_tune_tuning_gain_ratio",
                                          ("gpu", "regime", "measure")),
     "gpu_tune_tuning_gain_ratio_upper": ("Upper bound of the 95% interval of gpu_tune_tuning_gain_ratio",
@@ -290,6 +294,12 @@ class SnapshotCollector(Collector):
             yield ratio
             yield lower
             yield upper
+        fams = _family_rows(gain)
+        if fams:  # one series per setting family, only when the agent measures them
+            fam = self._fam("gpu_tune_tuning_gain_family_ratio")
+            for name, (verdict, r) in fams.items():
+                fam.add_metric([name, verdict], r)
+            yield fam
 
         if snap.metrics_detail:
             ok = self._fam("gpu_tune_collector_success")
@@ -307,6 +317,24 @@ class SnapshotCollector(Collector):
             lab = {"gpu": gpu, "UUID": "", "pci_bus_id": "", "modelName": "", "Hostname": snap.node,
                    "numa_node": ""}
         return [lab[k] for k in GPU_LABELS]
+
+
+def _family_rows(gain: Mapping[str, Any]) -> dict[str, tuple[str, float]]:
+    """family -> (verdict, images/s ratio) of its worst target, from a --per-setting document."""
+    from gpu_tune.judge.gain.measure import family_verdicts
+
+    out: dict[str, tuple[str, float]] = {}
+    if not gain:
+        return out
+    verdicts = family_verdicts(gain)
+    for t in gain.get("targets") or []:
+        for name, a in ((t.get("families") or {}) if isinstance(t, Mapping) else {}).items():
+            r = _num(((a.get("measures") or {}).get("images_per_second") or {}).get("ratio"))
+            if r is None:
+                continue
+            if name not in out or r < out[name][1]:
+                out[name] = (str(verdicts.get(name, "inconclusive")), r)
+    return out
 
 
 def make_registry(source: Callable[[], "Snapshot | None"]) -> CollectorRegistry:

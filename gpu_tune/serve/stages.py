@@ -159,7 +159,7 @@ def default_stages(options: ServeOptions) -> Stages:
 
         return measure_gain(fs=fs, profile=profile, backend=backend, topology=topology, gpu=None,
                             pairs=profile.gain.pairs, keep=True, force=False, data=options.probe_data,
-                            window=profile.gain.window_seconds)
+                            window=profile.gain.window_seconds, per_setting=profile.gain.per_setting)
 
     def close():
         for thing in (publisher, backend):

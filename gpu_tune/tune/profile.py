@@ -277,7 +277,11 @@ class GainPolicy(_Strict):
     # minute on a GPU node, several on a small CPU host) on every agent start, and reverts the
     # profile for the untuned runs while it measures.
     measure_on_start: bool = False
-    pairs: int = Field(3, ge=1, le=50)
+    # Rounds (None: 6, the fewest whose exact test can confirm a verdict; 8 per setting).
+    pairs: int | None = Field(None, ge=1, le=50)
+    # Also measure each setting family alone (gpu-tune gain --per-setting) and publish one series and
+    # one summary verdict per family.
+    per_setting: bool = False
     # Timed seconds of each run's launch-bound window (None: the probe's window).
     window_seconds: float | None = Field(None, gt=0, le=600)
 
@@ -289,6 +293,13 @@ class ReadinessPolicy(_Strict):
     max_temperature_c: float = Field(87.0, gt=0, le=120)
     # A node without nvidia.com/gpu capacity (no device plugin) fails gpu.allocatable only if true.
     require_device_plugin: bool = False
+
+
+class LaunchPolicy(_Strict):
+    # Jobs started by `gpu-tune run` (and the probe) are bound to their GPU's NUMA node: CPUs and
+    # memory. false: started unbound (a node where binding measured a loss: `gpu-tune gain
+    # --per-setting`).
+    numa_binding: bool = True
 
 
 class Profile(_Strict):
@@ -304,6 +315,7 @@ class Profile(_Strict):
     probe: ProbePolicy = Field(default_factory=ProbePolicy)
     readiness: ReadinessPolicy = Field(default_factory=ReadinessPolicy)
     gain: GainPolicy = Field(default_factory=GainPolicy)
+    launch: LaunchPolicy = Field(default_factory=LaunchPolicy)
 
     @field_validator("sysctl", mode="before")
     @classmethod
@@ -314,6 +326,8 @@ class Profile(_Strict):
         for key, value in v.items():
             if not isinstance(key, str) or not SYSCTL_KEY_RE.fullmatch(key):
                 raise ValueError(f"{key!r} is not a sysctl key (expected e.g. vm.swappiness)")
+            if value is None:  # `key: null` leaves out a key an included profile sets
+                continue
             lo, hi = SYSCTL_RANGES.get(key, (None, None))
             if isinstance(value, (dict, Bound)):
                 out[key] = value if isinstance(value, Bound) else parse_bound(key, value, lo=lo, hi=hi)

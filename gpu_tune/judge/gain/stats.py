@@ -24,7 +24,9 @@ Verdicts (``higher_is_better`` says which way a measure improves):
 
 - ``gain`` / ``loss``: the interval lies wholly on the better / worse side of 1, and the exact
   test agrees at the same level;
-- ``no significant difference``: the interval holds 1 and lies within ``1 ± tolerance``;
+- ``no significant difference``: the interval holds 1 and lies within ``1 ± tolerance``, or a
+  confirmed difference is smaller than :data:`MIN_EFFECT` (±2 %: real, but nothing to alert on or
+  to drop a setting for);
 - ``inconclusive``: fewer than :data:`MIN_PAIRS` pairs (no ratio at all), an interval that holds 1
   but is wider than ``±tolerance`` (too noisy here), or an interval off 1 that the exact test does
   not confirm (too few pairs agree to rule out chance).
@@ -42,6 +44,7 @@ from typing import Any, Sequence
 
 MIN_PAIRS = 3
 TOLERANCE = 0.10  # "no significant difference" means: any difference is within ±10 %
+MIN_EFFECT = 0.02  # a confirmed difference smaller than ±2 % is reported as no difference that counts
 CONFIDENCE = 0.95
 EXACT_UP_TO = 16  # pairs enumerated exactly (2**16 sign patterns); beyond, a seeded Monte Carlo
 MONTE_CARLO = 20_000
@@ -237,7 +240,11 @@ def compare(measure: str, untuned: Sequence[float], tuned: Sequence[float], *, h
     worse_side = hi < 1 if higher_is_better else lo > 1
     level = f"{confidence:.4g}".rstrip("0").rstrip(".")
     what = f"the whole {float(level) * 100:g}% interval"
-    if (better_side and p_better <= alpha) or (worse_side and p_worse <= alpha):
+    if ((better_side and p_better <= alpha) or (worse_side and p_worse <= alpha)) and abs(ratio - 1) < MIN_EFFECT:
+        verdict = SAME
+        reason = (f"a confirmed but small difference ({pct(ratio)}), below the ±{MIN_EFFECT:.0%} that counts "
+                  f"as a gain or a loss")
+    elif (better_side and p_better <= alpha) or (worse_side and p_worse <= alpha):
         agree = sum(1 for x in logs if (x > 0) == (ratio > 1))
         if better_side:
             verdict = GAIN
