@@ -128,6 +128,13 @@ RUN apt-get update \
  && rm -rf /var/lib/apt/lists/* /var/cache/apt/*.bin /var/log/apt /var/log/dpkg.log
 # The lock targets Python 3.11 (the base image's); the venv's site-packages path says so.
 COPY --from=deps /stage/cuda/ /opt/venv/lib/python3.11/site-packages/
+# TensorFlow opens its CUDA libraries by soname (dlopen "libcusolver.so.11") from
+# libtensorflow_framework.so.2, whose RUNPATH names the nvidia/*/lib folders of the wheels but
+# not cuSOLVER's: without this, TensorFlow's loader cannot find cuSOLVER ("Cannot dlopen some GPU
+# libraries": no GPU at all). The wheels' folders go to the dynamic linker's cache instead
+# (tools/gpu_libs.py checks every library TensorFlow's loader opens; tests/test_image_gpu.py).
+RUN NV=/opt/venv/lib/python3.11/site-packages/nvidia; \
+    if [ -d "$NV" ]; then ls -d "$NV"/*/lib > /etc/ld.so.conf.d/gpu-tune-nvidia-wheels.conf && ldconfig -X; fi
 COPY --from=deps /stage/tf/ /opt/venv/lib/python3.11/site-packages/
 COPY --from=deps /opt/venv /opt/venv
 COPY --from=data /out/ /opt/keras/datasets/

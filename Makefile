@@ -9,7 +9,7 @@ DEB_TEST := prometheus numactl libjemalloc2
 DEB_BENCH := wrk hyperfine prometheus-node-exporter
 # The container image: built and run with podman (no Docker engine needed); mmdebstrap makes the
 # base image where no registry is reachable. tests/test_image.py builds and runs the CPU flavour.
-DEB_IMAGE := podman buildah runc mmdebstrap
+DEB_IMAGE := podman buildah runc mmdebstrap pigz
 FLAVOUR ?= gpu
 # The image's lock files: every package pinned with its hashes, for CPython 3.11 on x86_64 Linux.
 UV_COMPILE := $(BIN)/uv pip compile --quiet --no-config --python-version 3.11 \
@@ -47,7 +47,7 @@ tools:
 # podman and friends, installed when root and missing; elsewhere tests/test_image.py says what
 # it lacks and skips (on CI, CI=true, it fails instead).
 image-tools:
-	@missing=""; for t in podman buildah runc mmdebstrap; do command -v $$t >/dev/null || missing="$$missing $$t"; done; \
+	@missing=""; for t in podman buildah runc mmdebstrap pigz; do command -v $$t >/dev/null || missing="$$missing $$t"; done; \
 	if [ -n "$$missing" ]; then \
 	  if [ "$$(id -u)" = 0 ] && command -v apt-get >/dev/null; then \
 	    apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq $(DEB_IMAGE) >/dev/null; \
