@@ -529,9 +529,12 @@ def split_archive(archive: Path, out_dir: Path, part_bytes: int) -> list[dict[st
 
 
 def pack(stage: Path, out_dir: Path, *, part_mib: float = DEFAULT_PART_MIB, xz_threads: int = 2,
-         xz_level: int = 6, extra: dict[str, Any] | None = None) -> dict[str, Any]:
+         xz_level: int = 6, extra: dict[str, Any] | None = None, part_bytes: int | None = None) -> dict[str, Any]:
     """Archive ``stage``, split it into part folders under ``out_dir`` and write the manifest into
-    each. Old part folders there are removed first. Returns the manifest."""
+    each. Old part folders there are removed first. Returns the manifest.
+
+    A part holds ``part_mib`` MiB less 64 KiB (room for the manifest beside it), or exactly
+    ``part_bytes`` where given."""
     for old in out_dir.glob("p[0-9]*"):
         if old.is_dir() and re.fullmatch(r"p\d+", old.name):
             shutil.rmtree(old)
@@ -542,8 +545,8 @@ def pack(stage: Path, out_dir: Path, *, part_mib: float = DEFAULT_PART_MIB, xz_t
     t0 = time.monotonic()
     make_archive(stage, archive, xz_threads, xz_level)
     log(f"archive: {human(archive.stat().st_size)} in {time.monotonic() - t0:.1f} s (xz -T{xz_threads} -{xz_level})")
-    # each part folder also holds the manifest (a few KiB): leave room for it
-    part_bytes = int(part_mib * MiB) - 64 * 1024
+    if part_bytes is None:  # each part folder also holds the manifest (a few KiB): leave room for it
+        part_bytes = int(part_mib * MiB) - 64 * 1024
     arch_sha = sha256_file(archive)
     parts = split_archive(archive, out_dir, part_bytes)
     manifest = {

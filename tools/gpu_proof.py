@@ -231,6 +231,13 @@ def _killpg(pgid: int) -> None:
         pass
 
 
+def why(r: dict[str, Any]) -> str:
+    """How a command ended, for a reason: its exit code, or that it was stopped at its limit."""
+    if r.get("timed_out"):
+        return f"stopped at its time limit after {r['seconds']} s"
+    return f"exit {r['rc']}"
+
+
 def cmd_summary(r: dict[str, Any]) -> dict[str, Any]:
     """What the report keeps of a command: exit code, time, the end of stderr when it failed."""
     out = {"rc": r["rc"], "seconds": r["seconds"]}
@@ -452,7 +459,7 @@ def step_topology(ctx: dict[str, Any], r: Runner) -> dict[str, Any]:
     t = r.gpu_tune("topology", "-o", "json", timeout=60, host=host)
     doc = t["json"]
     if t["rc"] != 0 or not isinstance(doc, dict):
-        return {"status": "failed", "reason": f"gpu-tune topology exited {t['rc']}: {tail(t['stderr'], 3)}",
+        return {"status": "failed", "reason": f"gpu-tune topology: {why(t)}: {tail(t['stderr'], 3)}",
                 "data": {"command": cmd_summary(t)}}
     gpus = doc.get("gpus") or []
     nodes = doc.get("numa_nodes") or []
@@ -606,7 +613,7 @@ def step_probe(ctx: dict[str, Any], r: Runner) -> dict[str, Any]:
     p = run_probe(ctx, r, host)
     rows = probe_rows(p["json"])
     if not rows:
-        return {"status": "failed", "reason": f"gpu-tune probe gave no result (exit {p['rc']}): {tail(p['stderr'], 4)}",
+        return {"status": "failed", "reason": f"gpu-tune probe gave no result ({why(p)}): {tail(p['stderr'], 4)}",
                 "data": {"command": cmd_summary(p)}}
     parts = []
     for row in rows:
@@ -696,7 +703,7 @@ def step_gain(ctx: dict[str, Any], r: Runner) -> dict[str, Any]:
     a2 = r.gpu_tune("audit", "-o", "json", timeout=120, host=host)
     doc = g["json"]
     if not isinstance(doc, dict) or "targets" not in doc:
-        return {"status": "failed", "reason": f"gpu-tune gain gave no document (exit {g['rc']}): {tail(g['stderr'], 4)}",
+        return {"status": "failed", "reason": f"gpu-tune gain gave no document ({why(g)}): {tail(g['stderr'], 4)}",
                 "data": {"command": cmd_summary(g)}}
     targets = []
     for t in doc["targets"]:
@@ -872,7 +879,7 @@ def step_torch(ctx: dict[str, Any], r: Runner) -> dict[str, Any]:
     try:
         doc = json.loads(t["stdout"].strip().splitlines()[-1])
     except (ValueError, IndexError):
-        return {"status": "failed", "reason": f"tools/torch_cnn.py exited {t['rc']}: {tail(t['stderr'], 4)}",
+        return {"status": "failed", "reason": f"tools/torch_cnn.py: {why(t)}: {tail(t['stderr'], 4)}",
                 "data": {"command": cmd_summary(t)}}
     if doc.get("error_kind") == "missing":
         return {"status": "skipped", "reason": doc.get("error"), "summary": doc.get("error"), "data": doc}
@@ -995,7 +1002,7 @@ def run_all(a: argparse.Namespace) -> int:
                              "seconds": 0.0, "started": now()}
             emit(f"== {name}: not_run ({results[name]['reason']})")
             continue
-        limit = max(5.0, min(LIMIT[name], left - 3.0))
+        limit = max(5.0, min(a.limits.get(name, LIMIT[name]), left - 3.0))
         ctx = dict(ctx_base, deadline=time.time() + limit, step=name)
         ctx_file, res_file = work / f"{name}.ctx.json", work / f"{name}.result.json"
         ctx_file.write_text(json.dumps(ctx))
@@ -1189,7 +1196,7 @@ def render_markdown(report: dict[str, Any]) -> str:
               "| run | load | busy loops | load average | GPU: fingerprint (accuracy, time to verdict) |", "| --- | --- | --- | --- | --- |"]
         for run in fp["data"]["runs"]:
             g = "; ".join(f"{x['gpu']}: `{x['fingerprint']}` ({x['accuracy']}, {x['time_to_verdict_seconds']} s)" for x in run["gpus"]) or \
-                f"no result (exit {run.get('rc')})"
+                "no result"
             L.append(f"| {run['run']} | {run['load']} | {run['busy_loops']} | {run.get('loadavg_before')} | {g} |")
         L.append("")
         L.append(f"All fingerprints equal: **{'yes' if fp['data'].get('all_equal') else 'no'}**.")
@@ -1248,6 +1255,9 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--serve-requests", type=int, default=300)
     ap.add_argument("--serve-probe-wait", type=float, default=120.0, help="seconds to wait for the agent's first probe")
     ap.add_argument("--torch-seconds", type=float, default=3.0)
+    ap.add_argument("--limit", action="append", default=[], metavar="STEP=S",
+                    help="hard time limit of a step in seconds (repeatable) [default: " +
+                         ", ".join(f"{k} {v}" for k, v in LIMIT.items()) + "]")
     ap.add_argument("--merge", nargs="+", metavar="REPORT", help="merge these report.json files into --out")
     ap.add_argument("--run-step", help=argparse.SUPPRESS)
     ap.add_argument("--ctx", help=argparse.SUPPRESS)
@@ -1265,6 +1275,15 @@ def main(argv: list[str] | None = None) -> int:
         return 0
     if not a.device:
         ap.error("--device gpu|cpu is required (or --merge)")
+    a.limits = {}
+    for item in a.limit:
+        name, _, sec = item.partition("=")
+        try:
+            a.limits[name] = float(sec)
+        except ValueError:
+            ap.error(f"--limit {item}: expected STEP=SECONDS")
+        if name not in STEPS or a.limits[name] <= 0:
+            ap.error(f"--limit {item}: expected one of {', '.join(STEPS)} and a positive number of seconds")
     if a.fingerprint_runs < 1 or a.gain_pairs < 1 or a.serve_requests < 1:
         ap.error("--fingerprint-runs, --gain-pairs and --serve-requests must be at least 1")
     return run_all(a)
