@@ -344,7 +344,7 @@ def test_partial_reports_merge_into_one():
                            "data": {"images_per_second": 800000.0, "batch_size": 4096, "gpu_busy_fraction": 0.95,
                                     "precision": "bfloat16 autocast", "torch": "2.11.0"}}}, "t2", commit="c2")
     m = proof.merge_reports([a, b])
-    assert list(m["steps"]) == ["environment", "probe", "fingerprint", "torch"]
+    assert list(m["steps"]) == ["environment", "probe", "torch", "fingerprint"]
     assert m["steps"]["fingerprint"]["status"] == "passed"  # ran in b, not_run in a
     assert [r["started"] for r in m["runs"]] == ["t1", "t2"] and m["commits_differ"] == ["c1", "c2"]
     ratio = proof.device_bound_ratio(m)
@@ -369,7 +369,7 @@ def _proof(tmp_path: Path, *args: str, timeout: float = 600) -> tuple[subprocess
 
 def test_a_failing_step_is_recorded_and_the_rest_goes_on_and_the_budget_holds(tmp_path):
     p, rep = _proof(tmp_path, "--device", "cpu", "--steps", "topology,probe,gain", "--data", str(tmp_path / "absent"),
-                    "--budget", "30")
+                    "--budget", "30", "--mirror", str(tmp_path / "mirror"))
     steps = rep["steps"]
     assert steps["topology"]["status"] == "passed"
     assert steps["probe"]["status"] == "failed" and "no such file or folder" in steps["probe"]["reason"]
@@ -380,6 +380,8 @@ def test_a_failing_step_is_recorded_and_the_rest_goes_on_and_the_budget_holds(tm
     assert "== topology: passed" in log
     md = (tmp_path / "out/report.md").read_text()
     assert "| probe | **failed** |" in md
+    for f in ("report.json", "report.md", "proof.log"):  # --mirror: a copy after every step
+        assert (tmp_path / "mirror" / f).read_bytes() == (tmp_path / "out" / f).read_bytes()
 
 
 # -- the whole proof on the CPU -----------------------------------------------------------------
@@ -415,7 +417,7 @@ def test_the_whole_proof_runs_on_the_cpu(tmp_path):
 
     fp = steps["fingerprint"]["data"]
     assert fp["all_equal"] is True
-    assert [r["load"] for r in fp["runs"]] == ["idle", "idle", "busy", "busy"]
+    assert [r["load"] for r in fp["runs"]] == ["idle", "busy", "idle", "busy"]
     assert all(r["busy_loops"] == os.cpu_count() for r in fp["runs"] if r["load"] == "busy")
     assert fp["fingerprints"] == {"cpu": [row["fingerprint"]]}  # the probe step's too
 

@@ -574,6 +574,14 @@ def git_commit() -> tuple[str | None, bool]:
     return head, dirty
 
 
+PROOF_A = ("set -o pipefail; mkdir -p $OUT/a; bash tools/gpu_bootstrap.sh --require-complete 2>&1 | tee $OUT/a/bootstrap.log "
+           "&& . /tmp/gpu-tune-env.sh && PYTHONUNBUFFERED=1 python3 tools/gpu_proof.py --device gpu --out /tmp/gpu-proof/a "
+           "--mirror $OUT/a --steps environment,topology,tuning,probe,torch,gain --budget 450")
+PROOF_B = (". /tmp/gpu-tune-env.sh && PYTHONUNBUFFERED=1 python3 tools/gpu_proof.py --device gpu --out /tmp/gpu-proof/b "
+           "--mirror $OUT/b --steps fingerprint,serve --budget 540; python3 tools/gpu_proof.py --merge "
+           "/tmp/gpu-proof/a/report.json /tmp/gpu-proof/b/report.json --out $OUT/merged")
+
+
 def print_plan(out_dir: Path, manifest: dict[str, Any]) -> None:
     rel = os.path.relpath(out_dir, REPO) if out_dir.is_relative_to(REPO) else str(out_dir)
     parts = manifest["parts"]
@@ -581,25 +589,18 @@ def print_plan(out_dir: Path, manifest: dict[str, Any]) -> None:
     print()
     print(f"Payload {manifest['payload_id']}: {n} parts, {human(manifest['archive']['bytes'])} in all "
           f"(commit {manifest.get('commit') or '?'}{', with uncommitted changes' if manifest.get('dirty') else ''}).")
-    print("On the GPU machine, calls back to back (less than 30 s apart, so /tmp survives), each from the")
-    print("repository root:")
+    print("On the GPU machine: one call per line, back to back (less than 30 s apart, or /tmp is lost with the")
+    print("machine), each run from the repository root with timeout_s 600:")
     for k, p in enumerate(parts):
         last = k == n - 1
-        cmd = "bash tools/gpu_bootstrap.sh" + (" --require-complete" if last else "")
-        print(f"  call {k + 1}: carry [\"{rel}/{p['folder']}\"]  ({human(p['bytes'])})")
-        if not last:
-            print(f"          {cmd}")
-        else:
-            print(f"          {cmd} && . /tmp/gpu-tune-env.sh && PYTHONUNBUFFERED=1 python3 tools/gpu_proof.py "
-                  "--device gpu --out /tmp/gpu-proof/a --steps environment,topology,tuning,probe,gain,torch "
-                  "--budget 420; cp -r /tmp/gpu-proof/a $OUT/")
-    print(f"  call {n + 1}: carry nothing")
-    print("          . /tmp/gpu-tune-env.sh && PYTHONUNBUFFERED=1 python3 tools/gpu_proof.py --device gpu "
-          "--out /tmp/gpu-proof/b --steps fingerprint,serve --budget 540; cp -r /tmp/gpu-proof/b $OUT/; "
-          "python3 tools/gpu_proof.py --merge /tmp/gpu-proof/a/report.json /tmp/gpu-proof/b/report.json "
-          "--out $OUT/merged")
-    print("Here, to merge the two reports that came back: python3 tools/gpu_proof.py --merge A/report.json "
-          "B/report.json --out DIR")
+        about = ("1 min bootstrap + 6-8 min proof" if last
+                 else "10 s" + (" (and a minute to start the machine)" if k == 0 else ""))
+        print(f"  call {k + 1}: carry [\"{rel}/{p['folder']}\"] ({human(p['bytes'])}), about {about}")
+        print(f"          {PROOF_A if last else 'bash tools/gpu_bootstrap.sh'}")
+    print(f"  call {n + 1}: carry nothing, about 7-9 min")
+    print(f"          {PROOF_B}")
+    print("A step marked not_run did not fit its call's --budget: run it in one more call (--steps NAME) and merge.")
+    print("Here, to merge reports that came back: python3 tools/gpu_proof.py --merge A/report.json B/report.json --out DIR")
 
 
 def build(a: argparse.Namespace) -> int:

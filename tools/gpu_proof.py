@@ -57,7 +57,7 @@ from typing import Any, Callable
 
 REPO = Path(__file__).resolve().parent.parent
 FORMAT = 1
-STEPS = ("environment", "topology", "tuning", "probe", "fingerprint", "gain", "serve", "torch")
+STEPS = ("environment", "topology", "tuning", "probe", "torch", "fingerprint", "gain", "serve")
 # Seconds a step is expected to take (to decide whether it fits the budget) and its hard limit.
 EXPECT = {
     "gpu": {"environment": 40, "topology": 10, "tuning": 30, "probe": 75, "fingerprint": 330, "gain": 200,
@@ -568,7 +568,8 @@ def step_tuning(ctx: dict[str, Any], r: Runner) -> dict[str, Any]:
                                   "counts": audit_counts(a2["json"])},
             "revert": {**cmd_summary(rv), "restored": restored},
             "audit_after_revert": {"rc": a3["rc"], "counts": audit_counts(a3["json"]), "differs_from_before": audit_diff},
-            "journal_files": len(files), "compared_with_snapshot": vs_snapshot, "byte_exact": byte_exact,
+            "journal_files": len(files), "journal_files_absent_before": sum(1 for f in files if f["absent"]),
+            "compared_with_snapshot": vs_snapshot, "byte_exact": byte_exact,
             "mismatches": mismatches, "fixture_tree_files": len(before) if whole else None,
             "fixture_tree_differs": tree_diff, "persistence_mode": pm,
             "files": [{k: v for k, v in c.items() if k in ("id", "target", "path", "ok")} for c in checked]}
@@ -642,31 +643,41 @@ def busy_loops(n: int) -> list[subprocess.Popen]:
 
 
 def step_fingerprint(ctx: dict[str, Any], r: Runner) -> dict[str, Any]:
+    """The probe ``n`` times idle and ``n`` times with one busy loop per CPU, interleaved (idle,
+    busy, idle, ...) so that a step cut short by its time still compares both. A run is not
+    started when what is left of the step's time is less than the longest run so far, plus a
+    margin: the runs done are kept and the report says how many there were."""
     host = host_for(ctx, "run")
     n = int(ctx["fingerprint_runs"])
     runs: list[dict[str, Any]] = []
-    for load in ("idle", "busy"):
+    notes: list[str] = []
+    plan = [(load, i) for i in range(n) for load in ("idle", "busy")]
+    for k, (load, i) in enumerate(plan):
+        if runs and r.left() < max(x["seconds"] for x in runs) * 1.3 + 10:
+            notes.append(f"stopped after {len(runs)} of {len(plan)} runs: {r.left():.0f} s of the step's time left")
+            say(f"    {notes[-1]}")
+            break
         loops: list[subprocess.Popen] = []
         try:
             if load == "busy":
                 loops = busy_loops(os.cpu_count() or 1)
                 time.sleep(1.0)
-            for i in range(n):
-                la = loadavg()
-                p = run_probe(ctx, r, host)
-                rows = probe_rows(p["json"])
-                runs.append({"load": load, "run": i + 1, "busy_loops": len(loops), "loadavg_before": la,
-                             "rc": p["rc"], "seconds": p["seconds"],
-                             "gpus": [{k: row[k] for k in ("gpu", "status", "fingerprint", "accuracy",
-                                                           "time_to_verdict_seconds", "peer_group")} for row in rows],
-                             **({"stderr_tail": tail(p["stderr"], 4)} if not rows else {})})
-                say(f"    {load} run {i + 1}: " + ", ".join(f"{g['gpu']} {g['fingerprint']} (accuracy {g['accuracy']}, "
-                                                           f"{g['time_to_verdict_seconds']} s)" for g in runs[-1]["gpus"]))
+            la = loadavg()
+            p = run_probe(ctx, r, host)
         finally:
             for lp in loops:
                 lp.kill()
             for lp in loops:
                 lp.wait()
+        rows = probe_rows(p["json"])
+        runs.append({"load": load, "run": i + 1, "busy_loops": len(loops), "loadavg_before": la,
+                     "rc": p["rc"], "seconds": p["seconds"],
+                     "gpus": [{k2: row[k2] for k2 in ("gpu", "status", "fingerprint", "accuracy",
+                                                      "time_to_verdict_seconds", "peer_group")} for row in rows],
+                     **({"stderr_tail": tail(p["stderr"], 4), "why": why(p)} if not rows else {})})
+        say(f"    {load} run {i + 1}: " + (", ".join(f"{g['gpu']} {g['fingerprint']} (accuracy {g['accuracy']}, "
+                                                    f"{g['time_to_verdict_seconds']} s)" for g in runs[-1]["gpus"])
+                                          or f"no result ({why(p)})"))
     by_gpu: dict[str, set] = {}
     missing = 0
     for run in runs:
@@ -676,16 +687,20 @@ def step_fingerprint(ctx: dict[str, Any], r: Runner) -> dict[str, Any]:
             by_gpu.setdefault(str(g["gpu"]), set()).add(g["fingerprint"])
     equal = bool(by_gpu) and not missing and all(len(v) == 1 and None not in v for v in by_gpu.values())
     done = {load: sum(1 for x in runs if x["load"] == load and x["gpus"]) for load in ("idle", "busy")}
-    summary = (f"{done['idle']} idle + {done['busy']} busy runs ({os.cpu_count()} busy loops): "
+    equal = equal and done["idle"] > 0 and done["busy"] > 0
+    summary = (f"{done['idle']} idle + {done['busy']} busy runs, interleaved ({os.cpu_count()} busy loops): "
                + "; ".join(f"{k}: {', '.join(sorted(str(x) for x in v))}" for k, v in by_gpu.items())
                + f" -> {'all equal' if equal else 'NOT all equal'}")
     reasons = []
     if missing:
         reasons.append(f"{missing} run(s) gave no result")
-    if not equal and by_gpu:
+    if not done["idle"] or not done["busy"]:
+        reasons.append("no comparison: idle and busy runs are both needed")
+    if any(len(v) > 1 for v in by_gpu.values()):
         reasons.append("fingerprints differ: " + "; ".join(f"{k}: {sorted(str(x) for x in v)}" for k, v in by_gpu.items()))
     return {"status": "passed" if equal else "failed", "reason": "; ".join(reasons), "summary": summary,
             "data": {"host": host["root"], "runs_per_load": n, "busy_loops": os.cpu_count(), "all_equal": equal,
+                     "notes": notes,
                      "fingerprints": {k: sorted(str(x) for x in v) for k, v in by_gpu.items()}, "runs": runs}}
 
 
@@ -990,6 +1005,31 @@ def run_all(a: argparse.Namespace) -> int:
     emit(f"gpu_proof: device {a.device}, steps {', '.join(steps)}, budget {a.budget:g} s, out {out}, "
          f"commit {commit.get('commit') or commit.get('version')}, data {data or '(the probe default)'}")
     results: dict[str, Any] = {}
+    mirror = Path(a.mirror).resolve() if a.mirror else None
+
+    def save(final: bool = False) -> None:
+        """The report so far (after every step, so that a call cut short still leaves one)."""
+        report = {
+            "format": FORMAT, "tool": "tools/gpu_proof.py", "device": a.device, "commit": commit,
+            "machine": {"hostname": socket.gethostname(), "cpus": os.cpu_count(), "kernel": platform.release(),
+                        "python": sys.version.split()[0]},
+            "runs": [{"started": started, "finished": now() if final else None, "steps": steps,
+                      "budget_seconds": a.budget, "seconds": round(time.monotonic() - t_start, 1),
+                      "options": {k: ctx_base[k] for k in ("probe_timeout", "fingerprint_runs", "gain_pairs",
+                                                           "gain_window", "serve_requests", "serve_probe_wait",
+                                                           "torch_seconds", "data")}}],
+            "steps": dict(results),
+        }
+        write_report(report, out)
+        if mirror:
+            try:
+                mirror.mkdir(parents=True, exist_ok=True)
+                log_file.flush()
+                for f in ("report.json", "report.md", "proof.log"):
+                    shutil.copyfile(out / f, mirror / f)
+            except OSError as exc:
+                print(f"gpu_proof: could not copy the report to {mirror}: {exc}", flush=True)
+
     for name in steps:
         elapsed = time.monotonic() - t_start
         left = a.budget - elapsed
@@ -1001,6 +1041,7 @@ def run_all(a: argparse.Namespace) -> int:
                                                           f"needs about {expect} s; run it in another call (--steps {name})",
                              "seconds": 0.0, "started": now()}
             emit(f"== {name}: not_run ({results[name]['reason']})")
+            save()
             continue
         limit = max(5.0, min(a.limits.get(name, LIMIT[name]), left - 3.0))
         ctx = dict(ctx_base, deadline=time.time() + limit, step=name)
@@ -1047,21 +1088,12 @@ def run_all(a: argparse.Namespace) -> int:
         emit(f"== {name}: {res['status']} in {took} s: {res.get('summary') or res.get('reason') or ''}")
         if res.get("reason") and res["status"] != "passed" and res.get("summary") != res.get("reason"):
             emit(f"   reason: {res['reason']}")
-    report = {
-        "format": FORMAT, "tool": "tools/gpu_proof.py", "device": a.device, "commit": commit,
-        "machine": {"hostname": socket.gethostname(), "cpus": os.cpu_count(), "kernel": platform.release(),
-                    "python": sys.version.split()[0]},
-        "runs": [{"started": started, "finished": now(), "steps": steps, "budget_seconds": a.budget,
-                  "seconds": round(time.monotonic() - t_start, 1),
-                  "options": {k: ctx_base[k] for k in ("probe_timeout", "fingerprint_runs", "gain_pairs", "gain_window",
-                                                       "serve_requests", "serve_probe_wait", "torch_seconds", "data")}}],
-        "steps": results,
-    }
-    write_report(report, out)
+        save()
     bad = [n for n, r in results.items() if r["status"] not in ("passed", "skipped")]
     not_passed = ", ".join(f"{n} ({results[n]['status']})" for n in bad)
     emit(f"gpu_proof: {len(results) - len(bad)}/{len(results)} steps passed or skipped; report in {out}/report.md"
          + (f"; not passed: {not_passed}" if bad else ""))
+    save(final=True)
     log_file.close()
     return 0 if not bad else 1
 
@@ -1199,7 +1231,8 @@ def render_markdown(report: dict[str, Any]) -> str:
                 "no result"
             L.append(f"| {run['run']} | {run['load']} | {run['busy_loops']} | {run.get('loadavg_before')} | {g} |")
         L.append("")
-        L.append(f"All fingerprints equal: **{'yes' if fp['data'].get('all_equal') else 'no'}**.")
+        L.append(f"All fingerprints equal: **{'yes' if fp['data'].get('all_equal') else 'no'}**."
+                 + "".join(f" {n}." for n in fp["data"].get("notes") or []))
     ratio = device_bound_ratio(report)
     if ratio:
         L += ["", "Device-bound regime against PyTorch eager (same network, data on the device):", "",
@@ -1223,9 +1256,10 @@ def render_markdown(report: dict[str, Any]) -> str:
     if td:
         L += ["", f"Tuning on `{td.get('host')}`: audit before {td.get('audit_before', {}).get('counts')}; apply "
               f"{td.get('apply', {}).get('counts')} ({td.get('apply', {}).get('changed')} changed); after revert "
-              f"{td.get('audit_after_revert', {}).get('counts')}; {td.get('journal_files')} journal files, "
-              f"{td.get('compared_with_snapshot')} of them also against the file read before apply: byte-exact "
-              f"**{td.get('byte_exact')}**."]
+              f"{td.get('audit_after_revert', {}).get('counts')}; {td.get('journal_files')} files in the journal "
+              f"({td.get('journal_files_absent_before')} absent before apply: absent again), "
+              f"{td.get('compared_with_snapshot')} compared with both the journal's copy and the file as read before "
+              f"apply: byte-exact **{td.get('byte_exact')}**; NVML persistence mode {td.get('persistence_mode')}."]
     L.append("")
     return "\n".join(L)
 
@@ -1245,6 +1279,8 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--device", choices=("gpu", "cpu"), default=None)
     ap.add_argument("--out", required=False, help="report folder (report.json, report.md, proof.log)")
     ap.add_argument("--work", default=None, help="scratch folder [default: OUT.work beside OUT]")
+    ap.add_argument("--mirror", default=None, metavar="DIR",
+                    help="also copy report.json, report.md and proof.log there after every step")
     ap.add_argument("--steps", default=None, help=f"comma-separated subset of {','.join(STEPS)}")
     ap.add_argument("--budget", type=float, default=540.0, help="seconds for the whole run; steps that would not fit are not started")
     ap.add_argument("--data", default=None, help="MNIST file for the probe [default: env GPU_TUNE_DATA, else the probe's default]")
