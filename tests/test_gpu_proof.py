@@ -300,6 +300,7 @@ def test_the_payload_travels_in_parts_and_the_bootstrap_puts_it_together(tmp_pat
     assert "export XLA_FLAGS=--xla_gpu_cuda_data_dir=/opt/cuda-test" in env_text
     assert "export GPU_TUNE_COMMIT=abc123" in env_text
     assert f"export GPU_TUNE_DATA={there / 'data/mnist_5k.csv.gz'}" in env_text
+    assert f"export GPU_TUNE_SITE_DIR={there / 'site'}" in env_text
     # the environment file works: the installed package imports from any folder
     sourced = subprocess.run(["bash", "-c", f". {there / 'env.sh'} && cd / && {sys.executable} -c "
                               "'import fakewheel; print(fakewheel.VALUE)'"], capture_output=True, text=True, env=env)
@@ -314,6 +315,15 @@ def test_the_payload_travels_in_parts_and_the_bootstrap_puts_it_together(tmp_pat
     env2 = dict(env, GPU_TUNE_PAYLOAD_DIR=str(tmp_path / "other"))
     r = _call(tmp_path, out, "p1", env2)
     assert r.returncode == 4 and parts[1]["name"] in r.stderr and "sha256" in r.stderr
+
+
+def test_pytorch_runs_without_what_the_bootstrap_put_first_for_tensorflow(monkeypatch):
+    monkeypatch.setenv("GPU_TUNE_SITE_DIR", "/tmp/site")
+    monkeypatch.setenv("GPU_TUNE_LD_ADDED", "/tmp/site/nvidia/cuda_runtime/lib:/tmp/shim:/t/cu13/lib")
+    monkeypatch.setenv("PYTHONPATH", "/tmp/site:/extra")
+    monkeypatch.setenv("LD_LIBRARY_PATH", "/tmp/site/nvidia/cuda_runtime/lib:/tmp/shim:/t/cu13/lib:/usr/local/nvidia/lib64")
+    env = proof.torch_env()
+    assert env == {"PYTHONPATH": f"{ROOT}:/extra", "LD_LIBRARY_PATH": "/usr/local/nvidia/lib64"}
 
 
 # -- the report ----------------------------------------------------------------------------------

@@ -238,6 +238,8 @@ DATA_FILE=$(ls "$DATA_DIR"/* 2>/dev/null | head -n 1)
     echo "export PATH=$SITE/bin:\$PATH"
   fi
   echo "export COLUMNS=200"
+  echo "export GPU_TUNE_SITE_DIR=$SITE"
+  echo "export GPU_TUNE_LD_ADDED=$LDPATH"
   echo "export GPU_TUNE_PAYLOAD_ID=$ID"
   echo "export GPU_TUNE_COMMIT=$COMMIT"
   [ -n "$DATA_FILE" ] && echo "export GPU_TUNE_DATA=$DATA_FILE"

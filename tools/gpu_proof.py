@@ -885,12 +885,27 @@ def _json_or_text(body: bytes) -> Any:
         return body[:500].decode("utf-8", "replace")
 
 
+def torch_env() -> dict[str, str]:
+    """PyTorch as the machine has it: without the folders the payload's bootstrap put first on
+    PYTHONPATH and LD_LIBRARY_PATH for TensorFlow (its CUDA 12 runtime, the CUDA 12 sonames that
+    point at CUDA 13, its copies of typing_extensions and the like), with this checkout's
+    gpu_tune (NumPy-only modules: the data loader and the NVML sampler) on the path."""
+    site = os.environ.get("GPU_TUNE_SITE_DIR")
+    added = set(filter(None, os.environ.get("GPU_TUNE_LD_ADDED", "").split(":")))
+    pp = [p for p in os.environ.get("PYTHONPATH", "").split(":") if p and p != site]
+    env = {"PYTHONPATH": ":".join([str(REPO)] + pp)}
+    if added:
+        env["LD_LIBRARY_PATH"] = ":".join(p for p in os.environ.get("LD_LIBRARY_PATH", "").split(":")
+                                          if p and p not in added)
+    return env
+
+
 def step_torch(ctx: dict[str, Any], r: Runner) -> dict[str, Any]:
     argv = [sys.executable, str(REPO / "tools" / "torch_cnn.py"), "--device", ctx["device"],
             "--seconds", str(ctx["torch_seconds"])]
     if ctx.get("data"):
         argv += ["--data", ctx["data"]]
-    t = r.run(argv, timeout=240, label="python tools/torch_cnn.py --device " + ctx["device"])
+    t = r.run(argv, timeout=240, env=torch_env(), label="python tools/torch_cnn.py --device " + ctx["device"])
     try:
         doc = json.loads(t["stdout"].strip().splitlines()[-1])
     except (ValueError, IndexError):
