@@ -53,6 +53,8 @@ command -v "$PY" >/dev/null || fail "$PY not found (set PYTHON)" 2
 mkdir -p "$DEST" || fail "cannot create $DEST" 5
 
 # manifest_get FILE EXPR: print a value of the manifest (EXPR is Python over `m`)
+# bounded() SECONDS CMD...: CMD with a time limit where coreutils' timeout is there
+bounded() { if command -v timeout >/dev/null; then timeout "$@"; else shift; "$@"; fi; }
 manifest_get() { "$PY" -c 'import json,sys; m=json.load(open(sys.argv[1])); v=eval(sys.argv[2]); print(v if not isinstance(v,(list,tuple)) else "\n".join(map(str,v)))' "$1" "$2"; }
 sha() { sha256sum "$1" | cut -d' ' -f1; }
 
@@ -135,9 +137,9 @@ else
   rm -rf "$STAGE" && mkdir -p "$STAGE" || fail "cannot create $STAGE" 5
   t0=$(date +%s)
   if command -v xz >/dev/null; then
-    xz -T0 -dc "$ARCHIVE" | tar -x -C "$STAGE" || fail "extracting $ARCHIVE failed" 5
+    bounded 300 xz -T0 -dc "$ARCHIVE" | bounded 300 tar -x -C "$STAGE" || fail "extracting $ARCHIVE failed" 5
   else
-    "$PY" -c 'import sys,tarfile; tarfile.open(sys.argv[1], "r:xz").extractall(sys.argv[2])' "$ARCHIVE" "$STAGE" \
+    bounded 600 "$PY" -c 'import sys,tarfile; tarfile.open(sys.argv[1], "r:xz").extractall(sys.argv[2])' "$ARCHIVE" "$STAGE" \
       || fail "extracting $ARCHIVE failed" 5
   fi
   got=$(sha "$STAGE/contents.sha256")
@@ -150,7 +152,7 @@ else
   rm -rf "$NEW"
   if compgen -G "$STAGE/wheels/*.whl" >/dev/null; then
     # shellcheck disable=SC2086
-    "$PY" -m pip install -q --no-index --no-deps --no-compile --disable-pip-version-check ${GPU_TUNE_PIP_EXTRA:-} \
+    bounded 300 "$PY" -m pip install -q --no-index --no-deps --no-compile --disable-pip-version-check ${GPU_TUNE_PIP_EXTRA:-} \
       --target "$NEW" "$STAGE"/wheels/*.whl || fail "pip install --target $NEW failed" 5
   fi
   mkdir -p "$NEW"
@@ -255,7 +257,7 @@ if [ "$CHECK" = 1 ] && [ "$NOCHECK" = 0 ]; then
   IMPORTS=$(manifest_get "$M" '" ".join(m.get("check_imports", ["gpu_tune"]))')
   out=$(
     # shellcheck disable=SC1090
-    . "$ENV_FILE" && cd / && "$PY" - $IMPORTS 2>&1 <<'EOF'
+    . "$ENV_FILE" && cd / && bounded 240 "$PY" - $IMPORTS 2>&1 <<'EOF'
 import importlib, sys, time
 t = time.monotonic()
 for name in sys.argv[1:]:

@@ -403,9 +403,12 @@ def stage_tensorflow(wheel: Path, site: Path, keep_arch: int = KEEP_ARCH) -> dic
 
 
 # -- downloads ----------------------------------------------------------------------------------
-def run(cmd: list[str], **kw) -> subprocess.CompletedProcess:
+def run(cmd: list[str], timeout: float = 900, **kw) -> subprocess.CompletedProcess:
     log("$ " + " ".join(cmd))
-    p = subprocess.run(cmd, text=True, capture_output=True, **kw)
+    try:
+        p = subprocess.run(cmd, text=True, capture_output=True, timeout=timeout, **kw)
+    except subprocess.TimeoutExpired:
+        raise SystemExit(f"gpu_payload: no answer within {timeout:g} s: {' '.join(cmd[:6])} ...") from None
     if p.returncode != 0:
         sys.stderr.write(p.stdout[-3000:] + p.stderr[-3000:])
         raise SystemExit(f"gpu_payload: failed (exit {p.returncode}): {' '.join(cmd[:6])} ...")
@@ -445,11 +448,11 @@ def download_wheels(dest: Path, project_wheel: Path, tf_reqs: dict[str, str]) ->
 def download_debs(dest: Path) -> None:
     cmd = ["apt-get", "download", *DEBS]
     log("$ " + " ".join(cmd))
-    p = subprocess.run(cmd, cwd=dest, text=True, capture_output=True)
+    p = subprocess.run(cmd, cwd=dest, text=True, capture_output=True, timeout=600)
     if p.returncode != 0 and os.geteuid() == 0:
         log("apt-get download failed; apt-get update, then again")
-        subprocess.run(["apt-get", "update", "-qq"], check=False)
-        p = subprocess.run(cmd, cwd=dest, text=True, capture_output=True)
+        subprocess.run(["apt-get", "update", "-qq"], check=False, timeout=600)
+        p = subprocess.run(cmd, cwd=dest, text=True, capture_output=True, timeout=600)
     if p.returncode != 0:
         raise SystemExit(f"gpu_payload: apt-get download {' '.join(DEBS)} failed: {p.stderr.strip()[-500:]}")
 
@@ -495,9 +498,14 @@ def make_archive(stage: Path, archive: Path, xz_threads: int = 2, xz_level: int 
     with open(archive, "wb") as out:
         tar = subprocess.Popen(["tar", "-C", str(stage), "--owner=0", "--group=0", "--numeric-owner",
                                 "--sort=name", "-cf", "-", "."], stdout=subprocess.PIPE)
-        xz = subprocess.run(["xz", f"-T{xz_threads}", f"-{xz_level}", "-c"], stdin=tar.stdout, stdout=out)
+        try:
+            xz = subprocess.run(["xz", f"-T{xz_threads}", f"-{xz_level}", "-c"], stdin=tar.stdout, stdout=out,
+                                timeout=3600)
+        except subprocess.TimeoutExpired:
+            tar.kill()
+            raise SystemExit("gpu_payload: tar | xz took more than an hour") from None
         tar.stdout.close()
-        if tar.wait() != 0 or xz.returncode != 0:
+        if tar.wait(timeout=60) != 0 or xz.returncode != 0:
             raise SystemExit(f"gpu_payload: tar | xz failed (tar {tar.returncode}, xz {xz.returncode})")
 
 
