@@ -326,6 +326,56 @@ def test_pytorch_runs_without_what_the_bootstrap_put_first_for_tensorflow(monkey
     assert env == {"PYTHONPATH": f"{ROOT}:/extra", "LD_LIBRARY_PATH": "/usr/local/nvidia/lib64"}
 
 
+def _ctx(tmp_path: Path, device: str = "gpu", seconds: float = 120) -> dict:
+    import time
+
+    return {"device": device, "work": str(tmp_path), "env": {}, "gpu_tune": [sys.executable, "-m", "gpu_tune"],
+            "deadline": time.time() + seconds, "data": None}
+
+
+def test_the_real_host_check_compares_each_journalled_file_with_what_it_held_before(tmp_path, monkeypatch):
+    """The tuning step as on a GPU machine (only the files the journal names, read before apply
+    through the real host's globs), here on a fixture tree instead of /."""
+    from tests.fixtures import hostgen
+
+    root = hostgen.build("vm-virtio-2node", tmp_path / "root")
+    fixture = tmp_path / "gpus.json"
+    shutil.copyfile(ROOT / "tests/fixtures/gpu/vm-virtio-2node.json", fixture)
+    host = {"root": str(root), "args": ["--root", str(root), "--gpu-backend", "fixture", "--gpu-fixture", str(fixture)],
+            "fixture": str(fixture), "real": True}
+    monkeypatch.setattr(proof, "host_for", lambda ctx, kind: host)
+    res = proof.step_tuning(_ctx(tmp_path), proof.Runner(_ctx(tmp_path)))
+    d = res["data"]
+    assert res["status"] == "passed", res["reason"]
+    assert d["byte_exact"] and d["fixture_tree_files"] is None and d["journal_files"] == 24
+    assert d["journal_files_absent_before"] == 1 and d["compared_with_snapshot"] == 23
+    assert {f["path"] for f in d["files"]} >= {"/proc/sys/vm/swappiness", "/sys/kernel/mm/transparent_hugepage/enabled",
+                                              "/etc/gpu-tune/allocator.env"}
+    # a file left changed after revert is named
+    (root / "proc/sys/vm/swappiness").write_text("60\n")
+    real_revert = proof.Runner.gpu_tune
+
+    def revert_then_break(self, *args, **kw):
+        out = real_revert(self, *args, **kw)
+        if args[0] == "revert":
+            (root / "proc/sys/vm/swappiness").write_text("1\n")
+        return out
+
+    monkeypatch.setattr(proof.Runner, "gpu_tune", revert_then_break)
+    res = proof.step_tuning(_ctx(tmp_path), proof.Runner(_ctx(tmp_path)))
+    assert res["status"] == "failed" and "/proc/sys/vm/swappiness" in res["reason"]
+    assert res["data"]["byte_exact"] is False
+
+
+def test_every_command_of_a_step_is_bounded(tmp_path):
+    import time
+
+    t0 = time.monotonic()
+    r = proof.Runner(_ctx(tmp_path, seconds=60)).run(["sleep", "30"], timeout=1)
+    assert r["timed_out"] and r["rc"] is None and time.monotonic() - t0 < 10
+    assert "time limit" in proof.why(r)
+
+
 # -- the report ----------------------------------------------------------------------------------
 def _report(steps: dict, started: str, commit: str = "c1") -> dict:
     return {"format": 1, "device": "gpu", "commit": {"commit": commit}, "machine": {},

@@ -13,14 +13,14 @@ tuning       ``audit`` -> ``apply`` -> ``audit`` (compliant?) -> ``revert`` -> `
              journal's copy); NVML persistence mode before, after apply, after revert
 probe        ``gpu-tune probe --gpu all -o json``: both regimes with the GPU busy fraction per window,
              accuracy, fingerprint, time to verdict
+torch        the device-bound regime's network in PyTorch eager (tools/torch_cnn.py), data on the
+             device, against the probe's device-bound images/s (skipped where PyTorch is absent)
 fingerprint  the probe N times idle and N times with every CPU busy (one busy loop per CPU): are all
              fingerprints equal?
 gain         ``gpu-tune gain --gpu all -o json``: interleaved untuned/tuned pairs
 serve        ``gpu-tune serve --no-kube`` on a free loopback port: time to the first ``/readiness``
              answer, the agent's RSS then, after a few hundred requests and after its first probe;
              SIGTERM and its exit code
-torch        the device-bound regime's network in PyTorch eager (tools/torch_cnn.py), data on the
-             device, against the probe's device-bound images/s (skipped where PyTorch is absent)
 
 On a GPU (``--device gpu``) the host is the real one (``--root /``, as root, NVML). With ``--device
 cpu`` every step that writes runs on generated fixture trees (tests/fixtures/hostgen.py) and the GPU
@@ -1290,7 +1290,7 @@ def write_report(report: dict[str, Any], out: Path) -> None:
 
 def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0], formatter_class=argparse.RawDescriptionHelpFormatter,
-                                 epilog="\n".join(__doc__.splitlines()[6:26]))
+                                 epilog="\n".join(__doc__.splitlines()[6:24]))
     ap.add_argument("--device", choices=("gpu", "cpu"), default=None)
     ap.add_argument("--out", required=False, help="report folder (report.json, report.md, proof.log)")
     ap.add_argument("--work", default=None, help="scratch folder [default: OUT.work beside OUT]")
