@@ -72,7 +72,7 @@ FIXTURE_RUN = "small-2cpu"  # CPUs 0-1 exist on every test machine: the probe bi
 STATUSES = ("passed", "failed", "error", "timeout", "skipped", "not_run")
 
 
-# -- small helpers ------------------------------------------------------------------------------
+# -- small functions ----------------------------------------------------------------------------
 def now() -> str:
     return _dt.datetime.now(_dt.timezone.utc).isoformat(timespec="seconds").replace("+00:00", "Z")
 
@@ -1274,7 +1274,11 @@ def render_markdown(report: dict[str, Any]) -> str:
               f"{td.get('audit_after_revert', {}).get('counts')}; {td.get('journal_files')} files in the journal "
               f"({td.get('journal_files_absent_before')} absent before apply: absent again), "
               f"{td.get('compared_with_snapshot')} compared with both the journal's copy and the file as read before "
-              f"apply: byte-exact **{td.get('byte_exact')}**; NVML persistence mode {td.get('persistence_mode')}."]
+              f"apply: byte-exact **{td.get('byte_exact')}**; persistence mode (NVML, or the fixture backend's file) "
+              + ", ".join(f"GPU {k}: {_onoff(v)} → {_onoff(pm.get('after_apply', {}).get(k))} → "
+                          f"{_onoff(pm.get('after_revert', {}).get(k))}"
+                          for pm in [td.get("persistence_mode") or {}] for k, v in (pm.get("before") or {}).items())
+              + "."]
     L.append("")
     return "\n".join(L)
 
