@@ -144,27 +144,39 @@ def our_children(exclude: set[int] = frozenset()) -> list[int]:
     return out
 
 
-def kill_leftovers(exclude: set[int] = frozenset()) -> list[str]:
-    """SIGKILL every process left behind by a step (our children, reparented to us), reap them."""
-    killed = []
-    for _ in range(3):
+def kill_leftovers(exclude: set[int] = frozenset(), grace: float = 10.0) -> list[str]:
+    """Stop every process left behind by a step (our children, reparented to us): SIGTERM first
+    (``gpu-tune gain`` then puts the host back as it found it), SIGKILL after ``grace`` seconds;
+    reap them. Returns "pid command" of each."""
+    stopped = []
+    for _ in range(3):  # orphans of the ones stopped here come to us in turn
         pids = our_children(exclude)
         if not pids:
             break
         for pid in pids:
             cmd = (read_text(f"/proc/{pid}/cmdline", 400) or "").replace("\0", " ").strip()
             try:
-                os.kill(pid, signal.SIGKILL)
-                killed.append(f"{pid} {cmd[:120]}")
+                os.kill(pid, signal.SIGTERM)
+                stopped.append(f"{pid} {cmd[:120]}")
             except ProcessLookupError:
                 pass
-        time.sleep(0.2)
-        for pid in pids:
+        alive = set(pids)
+        t0 = time.monotonic()
+        while alive and time.monotonic() - t0 < grace:
+            for pid in list(alive):
+                try:
+                    if os.waitpid(pid, os.WNOHANG)[0] == pid:
+                        alive.discard(pid)
+                except ChildProcessError:
+                    alive.discard(pid)
+            time.sleep(0.1)
+        for pid in alive:
             try:
-                os.waitpid(pid, os.WNOHANG)
-            except ChildProcessError:
+                os.kill(pid, signal.SIGKILL)
+                os.waitpid(pid, 0)
+            except (ProcessLookupError, ChildProcessError):
                 pass
-    return killed
+    return stopped
 
 
 class Runner:
@@ -198,12 +210,17 @@ class Runner:
             out, err = p.communicate(timeout=limit)
             timed_out = False
         except subprocess.TimeoutExpired:
-            _killpg(p.pid)
+            # SIGTERM first (gpu-tune gain and serve then leave the host as they found it), then SIGKILL
+            _signal_group(p.pid, signal.SIGTERM)
             try:
                 out, err = p.communicate(timeout=10)
             except subprocess.TimeoutExpired:
-                p.kill()
-                out, err = b"", b""
+                _killpg(p.pid)
+                try:
+                    out, err = p.communicate(timeout=10)
+                except subprocess.TimeoutExpired:
+                    p.kill()
+                    out, err = b"", b""
             timed_out = True
         _killpg(p.pid)
         return {"rc": None if timed_out else p.returncode, "stdout": out.decode("utf-8", "replace"),
@@ -224,11 +241,15 @@ class Runner:
         return r
 
 
-def _killpg(pgid: int) -> None:
+def _signal_group(pgid: int, sig: int) -> None:
     try:
-        os.killpg(pgid, signal.SIGKILL)
+        os.killpg(pgid, sig)
     except (ProcessLookupError, PermissionError):
         pass
+
+
+def _killpg(pgid: int) -> None:
+    _signal_group(pgid, signal.SIGKILL)
 
 
 def why(r: dict[str, Any]) -> str:
@@ -1083,8 +1104,12 @@ def run_all(a: argparse.Namespace) -> int:
             proc.wait(timeout=limit + 5)
         except subprocess.TimeoutExpired:
             timed_out = True
-            _killpg(proc.pid)
-            proc.wait()
+            _signal_group(proc.pid, signal.SIGTERM)
+            try:
+                proc.wait(timeout=5)
+            except subprocess.TimeoutExpired:
+                _killpg(proc.pid)
+                proc.wait()
         _killpg(proc.pid)
         th.join(timeout=5)
         leftovers = kill_leftovers() if subreaper else []
