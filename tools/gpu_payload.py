@@ -601,11 +601,11 @@ def print_plan(out_dir: Path, manifest: dict[str, Any]) -> None:
     print("machine), each run from the repository root with timeout_s 600:")
     for k, p in enumerate(parts):
         last = k == n - 1
-        about = ("1 min bootstrap + 6-8 min proof" if last
+        about = ("1 min bootstrap + at most 7.5 min proof" if last
                  else "10 s" + (" (and a minute to start the machine)" if k == 0 else ""))
         print(f"  call {k + 1}: carry [\"{rel}/{p['folder']}\"] ({human(p['bytes'])}), about {about}")
         print(f"          {PROOF_A if last else 'bash tools/gpu_bootstrap.sh'}")
-    print(f"  call {n + 1}: carry nothing, about 7-9 min")
+    print(f"  call {n + 1}: carry nothing, at most 9 min")
     print(f"          {PROOF_B}")
     print("A step marked not_run did not fit its call's --budget: run it in one more call (--steps NAME) and merge.")
     print("Here, to merge reports that came back: python3 tools/gpu_proof.py --merge A/report.json B/report.json --out DIR")
