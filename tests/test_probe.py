@@ -294,11 +294,28 @@ def test_known_gpu_model_is_judged_by_pci_id(fake, tmp_path):
 
 
 def test_an_unmeasured_target_is_reported_not_a_gate(fake):
-    """The shipped H100 numbers are targets nobody measured yet: they must not fail a node."""
-    t = _target("0", gpu_index=0, pci="0x2330", env={"FAKE_IPS": "1200"})
+    """The shipped H100 PCIe numbers are targets nobody measured yet: they must not fail a node."""
+    t = _target("0", gpu_index=0, pci="0x2331", env={"FAKE_IPS": "1200"})
     (v,) = _run([t], module=fake, baselines=probe.load_baselines(ROOT / "policies"), policy=ProbePolicy(retries=0))
     assert v.status == "passed"
     assert any("1.2% of the 100000 images/s target" in n and "not judged" in n for n in v.notes)
+
+
+def test_the_measured_h100_device_bound_baseline_is_a_gate_its_launch_bound_is_not(fake):
+    """The H100 80GB HBM3's device-bound median was measured on a healthy node: a GPU far below it
+    fails; its launch-bound median is measured idle only, so it is reported, not judged."""
+    base = probe.load_baselines(ROOT / "policies").for_gpu("NVIDIA H100 80GB HBM3", "0x2330")
+    assert base.measured and base.device_bound.measured is None and base.launch_bound.measured is False
+    t = _target("0", gpu_index=0, pci="0x2330", env={"FAKE_IPS": "1200"})
+    (v,) = _run([t], module=fake, baselines=probe.load_baselines(ROOT / "policies"), policy=ProbePolicy(retries=0))
+    assert v.status == "failed"
+    assert any("device-bound training throughput" in r and "1.43454e+06" in r for r in v.reasons), v.reasons
+    assert not any("launch-bound" in r for r in v.reasons)
+    assert any("409609 images/s target" in n and "not judged" in n for n in v.notes), v.notes
+    # a healthy H100's figures pass
+    ok = _target("0", gpu_index=0, pci="0x2330", env={"FAKE_IPS": "1200", "FAKE_DEVICE_IPS": "1400000"})
+    (v,) = _run([ok], module=fake, baselines=probe.load_baselines(ROOT / "policies"), policy=ProbePolicy(retries=0))
+    assert v.status == "passed", v.reasons
 
 
 def test_cpu_fallback_while_gpu_asked_fails(fake):

@@ -584,10 +584,12 @@ def git_commit() -> tuple[str | None, bool]:
 
 PROOF_A = ("set -o pipefail; mkdir -p $OUT/a; bash tools/gpu_bootstrap.sh --require-complete 2>&1 | tee $OUT/a/bootstrap.log "
            "&& . /tmp/gpu-tune-env.sh && PYTHONUNBUFFERED=1 python3 tools/gpu_proof.py --device gpu --out /tmp/gpu-proof/a "
-           "--mirror $OUT/a --steps environment,topology,tuning,probe,torch,gain --budget 450")
+           "--mirror $OUT/a --steps environment,topology,tuning,probe,torch --budget 480")
 PROOF_B = (". /tmp/gpu-tune-env.sh && PYTHONUNBUFFERED=1 python3 tools/gpu_proof.py --device gpu --out /tmp/gpu-proof/b "
-           "--mirror $OUT/b --steps fingerprint,serve --budget 540; python3 tools/gpu_proof.py --merge "
-           "/tmp/gpu-proof/a/report.json /tmp/gpu-proof/b/report.json --out $OUT/merged")
+           "--mirror $OUT/b --steps fingerprint,serve --budget 540")
+PROOF_C = (". /tmp/gpu-tune-env.sh && PYTHONUNBUFFERED=1 python3 tools/gpu_proof.py --device gpu --out /tmp/gpu-proof/c "
+           "--mirror $OUT/c --steps gain --budget 570; python3 tools/gpu_proof.py --merge /tmp/gpu-proof/a/report.json "
+           "/tmp/gpu-proof/b/report.json /tmp/gpu-proof/c/report.json --out $OUT/merged")
 
 
 def print_plan(out_dir: Path, manifest: dict[str, Any]) -> None:
@@ -601,12 +603,14 @@ def print_plan(out_dir: Path, manifest: dict[str, Any]) -> None:
     print("machine), each run from the repository root with timeout_s 600:")
     for k, p in enumerate(parts):
         last = k == n - 1
-        about = ("1 min bootstrap + at most 7.5 min proof" if last
+        about = ("1 min bootstrap + at most 8 min proof" if last
                  else "10 s" + (" (and a minute to start the machine)" if k == 0 else ""))
         print(f"  call {k + 1}: carry [\"{rel}/{p['folder']}\"] ({human(p['bytes'])}), about {about}")
         print(f"          {PROOF_A if last else 'bash tools/gpu_bootstrap.sh'}")
     print(f"  call {n + 1}: carry nothing, at most 9 min")
     print(f"          {PROOF_B}")
+    print(f"  call {n + 2}: carry nothing, at most 9.5 min")
+    print(f"          {PROOF_C}")
     print("A step marked not_run did not fit its call's --budget: run it in one more call (--steps NAME) and merge.")
     print("Here, to merge reports that came back: python3 tools/gpu_proof.py --merge A/report.json B/report.json --out DIR")
 

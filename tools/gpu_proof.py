@@ -60,7 +60,7 @@ FORMAT = 1
 STEPS = ("environment", "topology", "tuning", "probe", "torch", "fingerprint", "gain", "serve")
 # Seconds a step is expected to take (to decide whether it fits the budget) and its hard limit.
 EXPECT = {
-    "gpu": {"environment": 40, "topology": 10, "tuning": 30, "probe": 75, "fingerprint": 330, "gain": 200,
+    "gpu": {"environment": 40, "topology": 10, "tuning": 30, "probe": 75, "fingerprint": 330, "gain": 360,
             "serve": 110, "torch": 50},
     "cpu": {"environment": 15, "topology": 5, "tuning": 10, "probe": 25, "fingerprint": 90, "gain": 50,
             "serve": 40, "torch": 30},
@@ -832,6 +832,13 @@ def step_serve(ctx: dict[str, Any], r: Runner) -> dict[str, Any]:
                 return {"status": "failed", "reason": "; ".join(reasons), "data": data}
             data["first_readiness"] = {"status": first[0], "seconds": first[1]}
             data["rss_mib"]["first_answer"] = vm_status(proc.pid)
+            # /audit and /topology answer 503 until the agent's first pass has completed (the
+            # first /readiness answer comes before it): wait for that pass before the burst
+            while time.monotonic() - t0 < 90 and proc.poll() is None:
+                if http_get(port, "/audit", timeout=2)[0] == 200:
+                    data["first_pass_seconds"] = round(time.monotonic() - t0, 2)
+                    break
+                time.sleep(0.1)
             counts: dict[str, int] = {}
             errors = 0
             n = int(ctx["serve_requests"])
@@ -977,8 +984,10 @@ def commit_info() -> dict[str, Any]:
                 out = {"commit": head, "dirty": bool(dirty), "source": "git"}
         except (OSError, subprocess.SubprocessError):
             pass
-    if not out and os.environ.get("GPU_TUNE_COMMIT"):
-        out = {"commit": os.environ["GPU_TUNE_COMMIT"], "source": "payload (GPU_TUNE_COMMIT)"}
+    if os.environ.get("GPU_TUNE_COMMIT") and os.environ["GPU_TUNE_COMMIT"] != out.get("commit"):
+        # the code that ran is the payload's wheel: its commit wins over a copied checkout's git
+        out = {"commit": os.environ["GPU_TUNE_COMMIT"], "source": "payload (GPU_TUNE_COMMIT)",
+               **({"checkout_git": out["commit"]} if out.get("commit") else {})}
     manifest = Path(os.environ.get("GPU_TUNE_PAYLOAD_DIR", "/tmp/gpu-tune-payload")) / "manifest.json"
     if manifest.is_file():
         try:
@@ -1330,7 +1339,7 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--data", default=None, help="MNIST file for the probe [default: env GPU_TUNE_DATA, else the probe's default]")
     ap.add_argument("--probe-timeout", type=float, default=300.0, help="gpu-tune probe --timeout")
     ap.add_argument("--fingerprint-runs", type=int, default=3, help="probe runs idle and again busy")
-    ap.add_argument("--gain-pairs", type=int, default=3)
+    ap.add_argument("--gain-pairs", type=int, default=6, help="gpu-tune gain --pairs (6: the fewest a verdict can rest on)")
     ap.add_argument("--gain-window", type=float, default=None, help="gpu-tune gain --window [default: the profile's]")
     ap.add_argument("--serve-requests", type=int, default=300)
     ap.add_argument("--serve-probe-wait", type=float, default=120.0, help="seconds to wait for the agent's first probe")

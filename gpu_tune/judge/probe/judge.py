@@ -63,7 +63,7 @@ def _throughput(result: Mapping[str, Any], base: Baseline | None, model: str,
             continue
         word = REGIME_WORDS[regime]
         got = _num((figures.get(regime) or {}).get("images_per_second"))
-        if not base.measured:
+        if not (base.measured if want.measured is None else want.measured):
             if got is not None:
                 notes.append(f"{word} training {got:.0f} images/s is {got / want.train_images_per_second:.1%} of the "
                              f"{want.train_images_per_second:g} images/s target for {model!r} (a target, not a "
