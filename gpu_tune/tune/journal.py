@@ -127,8 +127,8 @@ class Journal:
                 if problem:
                     raise ValueError(f"entry {n}: {problem}")
         except DuplicateKey as exc:
-            raise JournalError(f"{where}:{exc.second}: unreadable journal ({exc}); originals kept in it are "
-                               "not lost: fix or move the file by hand") from None
+            raise JournalError(f"{JOURNAL}:{exc.second} under {self.fs.root}: unreadable journal ({exc}); "
+                               "originals kept in it are not lost: fix or move the file by hand") from None
         except RecursionError:
             raise JournalError(f"{where}: unreadable journal (nested too deep); originals kept in it are "
                                "not lost: fix or move the file by hand") from None

@@ -126,6 +126,7 @@ class _Includes:
     def __init__(self, policy_dir: Path) -> None:
         self.policy_dir = policy_dir
         self.done: dict[Path, dict[str, Any]] = {}
+        self.files = 0
         self.edges = 0
 
     def resolve(self, path: Path, stack: tuple[Path, ...] = ()) -> dict[str, Any]:
@@ -134,7 +135,8 @@ class _Includes:
             raise InputError(f"{stack[0]}: include cycle: {chain}")
         if path in self.done:
             return self.done[path]
-        if len(self.done) >= MAX_INCLUDE_FILES:
+        self.files += 1
+        if self.files > MAX_INCLUDE_FILES:
             raise InputError(f"{stack[0] if stack else path}: includes more than {MAX_INCLUDE_FILES} files: "
                              "too large to be a profile")
         data = _yaml_load(path)

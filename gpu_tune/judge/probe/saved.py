@@ -50,7 +50,8 @@ def load_probe_results(fs: HostFS, profile: str | None = None) -> list[dict[str,
         results = doc["results"]
     except (DuplicateKey, BadText) as exc:
         line = f":{exc.second}" if isinstance(exc, DuplicateKey) and exc.second else ""
-        raise InputError(f"{where}{line}: {exc}; move it away (the next probe writes it again)") from None
+        raise InputError(f"{PROBE_STATE}{line} under {fs.root}: {exc}; move it away (the next probe writes it "
+                         "again)") from None
     except (ValueError, KeyError, TypeError, RecursionError):
         return None
     if profile is not None and doc.get("profile") != profile:
