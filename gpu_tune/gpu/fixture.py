@@ -185,6 +185,8 @@ class FixtureBackend:
             for key in ("uuid", "name", "pci_bus_id"):
                 if not isinstance(g[key], str) or not g[key]:
                     raise InputError(f"{p}: gpus[{i}].{key}: expected a non-empty string")
+                if not g[key].isprintable():  # what NVML says is plain text
+                    raise InputError(f"{p}: gpus[{i}].{key}: {g[key][:60]!r} holds a control character")
             _check_types(p, i, g)
             for key, value in (("uuid", g["uuid"].strip().lower()), ("pci_bus_id", _normalize_bus_id(g["pci_bus_id"]))):
                 j = owners.setdefault((key, value), i)

@@ -308,6 +308,8 @@ def render_gain(doc: dict[str, Any]) -> Any:
     from rich.table import Table
     from rich.text import Text
 
+    from gpu_tune.views.text import printable
+
     blocks: list[Any] = []
     for t in doc["targets"]:
         who = "CPU" if t["gpu"] == "cpu" else f"GPU {t['gpu']}"
@@ -330,7 +332,7 @@ def render_gain(doc: dict[str, Any]) -> Any:
                            f"the originals leave it; B tuned: NUMA node {b['numa_node']}, CPUs {b['cpus']}, "
                            f"{b['allocator']} allocator, profile applied"))
         for f in t["failed_runs"]:
-            blocks.append(Text(f"  failed run: {f}", style="red"))
+            blocks.append(Text(printable(f"  failed run: {f}"), style="red"))
     v = doc["verdict"]
     if v == LOSS:
         blocks.append(Text(f"LOSS: profile {doc['profile']} makes the launch-bound regime SLOWER on this node: "
