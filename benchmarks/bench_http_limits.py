@@ -191,9 +191,11 @@ def get_ms(port: int, path: str = "/readiness", timeout: float = 3.0) -> tuple[i
     return code, (time.perf_counter() - t0) * 1000.0
 
 
-def crowd(port: int, count: int) -> dict:
+def crowd(port: int, count: int, pid: int | None = None) -> dict:
     socks = []
     refused = 0
+    before = rss_mb(pid) if pid else None
+    during = None
     try:
         for _ in range(count):
             try:
@@ -204,11 +206,18 @@ def crowd(port: int, count: int) -> dict:
                 refused += 1
         time.sleep(0.5)
         probes = [get_ms(port) for _ in range(10)]
+        during = rss_mb(pid) if pid else None
     finally:
         for s in socks:
             s.close()
+    after = None
+    if pid:
+        time.sleep(5.0)
+        after = rss_mb(pid)
     answered = [ms for code, ms in probes if code in (200, 503)]
     return {"opened": len(socks), "connect_failed": refused, "readiness_answered": f"{len(answered)}/{len(probes)}",
+            "rss_before_mb": before and round(before, 1), "rss_open_mb": during and round(during, 1),
+            "rss_5s_after_close_mb": after and round(after, 1),
             "readiness_median_ms": round(statistics.median(answered), 2) if answered else None,
             "failures": sorted({str(code) for code, _ in probes if code not in (200, 503)})}
 
@@ -229,7 +238,6 @@ def pipeline_attack(pid: int, port: int, count: int, seconds: float = 15.0, path
     peak = [before]
     stop = threading.Event()
     capped = [False]
-    probes: list[tuple[int | str, float]] = []
 
     def sample() -> None:
         while not stop.is_set():
@@ -242,10 +250,9 @@ def pipeline_attack(pid: int, port: int, count: int, seconds: float = 15.0, path
                 stop.set()
             time.sleep(0.05)
 
-    def probe() -> None:
-        while not stop.is_set():
-            probes.append(get_ms(port, "/healthz", timeout=3.0))
-            stop.wait(0.5)
+    # the prober is a process of its own: in this one it would wait for the sending loop's GIL
+    prober = subprocess.Popen([sys.executable, __file__, "--probe-healthz", str(port), str(seconds)],
+                              stdout=subprocess.PIPE, text=True, cwd=REPO)
 
     socks: list[socket.socket] = []
     failed = 0
@@ -259,7 +266,7 @@ def pipeline_attack(pid: int, port: int, count: int, seconds: float = 15.0, path
         s.setblocking(False)
         socks.append(s)
         sel.register(s, selectors.EVENT_WRITE)
-    threads = [threading.Thread(target=sample, daemon=True), threading.Thread(target=probe, daemon=True)]
+    threads = [threading.Thread(target=sample, daemon=True)]
     for t in threads:
         t.start()
     sent = 0
@@ -278,6 +285,10 @@ def pipeline_attack(pid: int, port: int, count: int, seconds: float = 15.0, path
         stop.set()
         for t in threads:
             t.join(5)
+        if capped[0]:
+            prober.terminate()
+        out, _ = prober.communicate(timeout=seconds + 30)
+        probes = [tuple(x) for x in json.loads(out or "[]")]
         sel.close()
         for s in socks:
             s.close()
@@ -312,7 +323,18 @@ def main() -> int:
     ap.add_argument("--serve-agent", type=int, help=argparse.SUPPRESS)
     ap.add_argument("--serve-plain", type=int, help=argparse.SUPPRESS)
     ap.add_argument("--serve-bare", type=int, help=argparse.SUPPRESS)
+    ap.add_argument("--probe-healthz", nargs=2, type=float, help=argparse.SUPPRESS)
     a = ap.parse_args()
+    if a.probe_healthz:  # GET /healthz every 0.5 s for the given seconds; the results as JSON
+        port, seconds = int(a.probe_healthz[0]), a.probe_healthz[1]
+        got, end = [], time.monotonic() + seconds
+        try:
+            while time.monotonic() < end:
+                got.append(get_ms(port, "/healthz", timeout=3.0))
+                time.sleep(0.5)
+        finally:
+            print(json.dumps(got), flush=True)
+        return 0
     if a.serve_agent:
         serve_agent(a.serve_agent, guarded=True)
         return 0
@@ -369,7 +391,7 @@ def main() -> int:
             checks["slow connection closed within 10 s (deadline 5 s)"] = slow["agent"] is not None and slow["agent"] < 10
 
         if "crowd" in only:
-            doc["half_requests"] = {n: crowd(ports[n], a.crowd) for n in served}
+            doc["half_requests"] = {n: crowd(ports[n], a.crowd, procs[n].pid) for n in served}
             checks["/readiness answers with 1,100 half-requests open"] = \
                 doc["half_requests"]["agent"]["readiness_answered"] == "10/10"
             time.sleep(6.0)  # let the agent's deadline clear what is left
@@ -450,12 +472,14 @@ def main() -> int:
         print(f"{a.crowd} half-sent requests held open, then 10 GET /readiness:")
         for n, r in doc["half_requests"].items():
             print(f"  {n:6} opened {r['opened']} (connect failed {r['connect_failed']}); /readiness answered "
-                  f"{r['readiness_answered']}, median {r['readiness_median_ms']} ms; failures {r['failures'] or 'none'}")
+                  f"{r['readiness_answered']}, median {r['readiness_median_ms']} ms; failures {r['failures'] or 'none'}; "
+                  f"RSS {r['rss_before_mb']} MB before, {r['rss_open_mb']} while open, {r['rss_5s_after_close_mb']} "
+                  "5 s after the close")
     if "pipeline" in only:
         print("pipelined GET /healthz, answers never read, then closed (agent):")
         for n, r in doc["pipelined_unread"].items():
             print(f"  {n:>5} connections ({r['connections']} opened), {r['seconds']} s, {r['requests_sent']:,} "
-                  f"requests sent: RSS {r['rss_before_mb']:.1f} MB before, {r['rss_peak_mb']:.1f} peak "
+                  f"requests written (into the clients' socket buffers): RSS {r['rss_before_mb']:.1f} MB before, {r['rss_peak_mb']:.1f} peak "
                   f"(+{r['growth_mb']:.1f}){' (attack stopped at the cap)' if r['stopped_at_rss_cap'] else ''}, "
                   f"{r['rss_5s_after_close_mb']:.1f} 5 s after the close; /healthz answered {r['healthz_answered']}, "
                   f"median {r['healthz_median_ms']} ms, max {r['healthz_max_ms']} ms; "
