@@ -22,7 +22,7 @@ FastAPI handler returning fixed bytes under uvicorn's defaults. Then:
 
 Targets: RSS grows < 5 MB during (1); the slow connection is closed within 10 s (deadline 5 s);
 ``/readiness`` answers during (3); (4) >= 100 % of the bare handler; during (5) RSS grows
-< 20 MB, ``/healthz`` answers every time, and RSS is back within 5 MB of where it started.
+< 20 MB, ``/healthz`` answers every time, and RSS is back within 10 MB of where it started.
 ``--only pipeline`` (or any comma-separated sections) runs a part.
 """
 
@@ -403,10 +403,12 @@ def main() -> int:
                 r = pipeline_attack(procs["agent"].pid, ports["agent"], count)
                 doc["pipelined_unread"][str(count)] = r
                 n = r["healthz_answered"].split("/")
-                checks[f"pipelining on {count} connections: RSS grows < 20 MB"] = r["growth_mb"] < 20
+                checks[f"pipelining on {count} connections: RSS grows < 20 MB"] = \
+                    r["growth_mb"] < 20 and not r["stopped_at_rss_cap"]
                 checks[f"pipelining on {count} connections: /healthz answers throughout"] = n[0] == n[1] != "0"
-                checks[f"pipelining on {count} connections: RSS back within 5 MB after the close"] = \
-                    r["left_after_close_mb"] < 5
+                # (not to the byte: the allocator keeps some partly used arenas)
+                checks[f"pipelining on {count} connections: RSS back within 10 MB after the close"] = \
+                    r["left_after_close_mb"] < 10
                 time.sleep(6.0)
 
         if "wrk" in only:
