@@ -362,6 +362,14 @@ class GuardedHttpToolsProtocol(HttpToolsProtocol):
             self._set_blocked(False)
             self.flow.resume_reading()
 
+    def shutdown(self) -> None:
+        """The server is stopping (SIGTERM): a connection held back goes at once (a graceful
+        close would wait for a client that does not read); the others as uvicorn closes them."""
+        if self._blocked_since() is not None:
+            self._drop("held-back connections closed (shutdown)")
+            return
+        super().shutdown()
+
     # -- writing: answers the client does not read -------------------------------------------
     def pause_writing(self) -> None:
         super().pause_writing()
