@@ -168,10 +168,10 @@ def test_reads_only_what_it_needs(make_host, monkeypatch):
     seen: list[str] = []
     orig = fs.read_text
 
-    def counting(path):
+    def counting(path, **kw):
         if "/cpuidle/" in path:
             seen.append(path)
-        return orig(path)
+        return orig(path, **kw)
 
     monkeypatch.setattr(fs, "read_text", counting)
     rows = CpuCstatesKnob().read(Context(fs=fs, profile=prof(100)))

@@ -188,11 +188,22 @@ def _check_inputs(g: Globals, kw: dict[str, Any], root_given: bool = False) -> N
             raise InputError(f"--{name.replace('_', '-')} {val}: expected a finite number")
 
 
+class _TerminalFormatter(logging.Formatter):
+    """Log lines with the control characters of what they quote escaped (a host file's text
+    must not drive the terminal)."""
+
+    def format(self, record: logging.LogRecord) -> str:
+        from gpu_tune.views.text import printable
+
+        return printable(super().format(record))
+
+
 def _setup_logging(verbose: bool) -> None:
     if logging.getLogger().handlers:
         return
-    logging.basicConfig(level=logging.DEBUG if verbose else logging.WARNING, stream=sys.stderr,
-                        format="gpu-tune: %(levelname)s: %(message)s")
+    handler = logging.StreamHandler(sys.stderr)
+    handler.setFormatter(_TerminalFormatter("gpu-tune: %(levelname)s: %(message)s"))
+    logging.basicConfig(level=logging.DEBUG if verbose else logging.WARNING, handlers=[handler])
 
 
 def _fail(exc: BaseException, code: int, verbose: bool, unexpected: bool = False) -> None:
@@ -200,11 +211,13 @@ def _fail(exc: BaseException, code: int, verbose: bool, unexpected: bool = False
         import traceback
 
         traceback.print_exception(exc, file=sys.stderr)
+    from gpu_tune.views.text import printable
+
     msg = str(exc) or type(exc).__name__
-    # One line, whatever the input echoed back held: newlines shown as \n, and not a whole file.
-    msg = msg.replace("\r", "\\r").replace("\n", "\\n")
-    if len(msg) > 1000:
+    if len(msg) > 1000:  # not a whole file, whatever the input echoed back held
         msg = msg[:1000] + "..."
+    # One line, and no control character of the input reaches the terminal: shown escaped (\n, \x1b).
+    msg = printable(msg, one_line=True)
     if unexpected:
         msg = f"unexpected error: {type(exc).__name__}: {msg} (run with -v for the traceback)"
     print(f"gpu-tune: error: {msg}", file=sys.stderr)

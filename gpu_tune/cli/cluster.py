@@ -50,11 +50,15 @@ def fleet_cmd(
     if g.output == "json":
         print_json(report.as_dict())
     else:
-        sys.stdout.write(render_table(report))
+        from gpu_tune.views.text import printable
+
+        sys.stdout.write(printable(render_table(report)))  # node names, reasons: the API server's text
     if selector is not None and not report.nodes:
         # a typo in a selector must not read as "every node ready" to a script
         matched = (f"{len(listing.items)} node(s) match it, none a GPU node or running the agent"
                    if listing.items else "no node matches it")
-        print(f"gpu-tune: error: --selector {selector!r}: {matched}", file=sys.stderr)
+        from gpu_tune.views.text import printable
+
+        print(f"gpu-tune: error: --selector {printable(repr(selector), one_line=True)}: {matched}", file=sys.stderr)
         return 1
     return report.exit_code

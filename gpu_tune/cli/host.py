@@ -29,11 +29,15 @@ def profiles_cmd(g: Globals) -> int:
         return 0
     from rich.table import Table
 
+    from rich.text import Text
+
+    from gpu_tune.views.text import printable
+
     t = Table(header_style="bold")
     t.add_column("profile")
     t.add_column("summary")
     for p in profiles:
-        t.add_row(p.name, p.summary)
+        t.add_row(Text(printable(p.name)), Text(printable(p.summary)))
     console().print(t)
     return 0
 

@@ -10,6 +10,7 @@ import typer
 
 from gpu_tune.cli import cluster, host, judge, serve  # noqa: F401  (each module registers its commands)
 from gpu_tune.cli.app import _cx, app
+from gpu_tune.views.text import printable
 
 ORDER = ("profiles", "audit", "apply", "revert", "topology", "probe", "gain", "label", "run", "serve", "fleet")
 app.registered_commands.sort(key=lambda c: ORDER.index(c.name) if c.name in ORDER else len(ORDER))
@@ -29,10 +30,10 @@ def main(argv: list[str] | None = None) -> None:
         sys.exit(exc.exit_code)
     except _cx.UsageError as exc:
         hint = f" (see {_prog_name()} {exc.ctx.info_name + ' ' if exc.ctx and exc.ctx.parent else ''}--help)"
-        print(f"gpu-tune: error: {exc.format_message()}{hint}", file=sys.stderr)
+        print(f"gpu-tune: error: {printable(exc.format_message(), one_line=True)}{hint}", file=sys.stderr)
         sys.exit(2)
     except _cx.ClickException as exc:
-        print(f"gpu-tune: error: {exc.format_message()}", file=sys.stderr)
+        print(f"gpu-tune: error: {printable(exc.format_message(), one_line=True)}", file=sys.stderr)
         sys.exit(2)
     except typer.Abort:
         sys.exit(130)

@@ -37,6 +37,7 @@ from typing import TYPE_CHECKING, Any, Iterable
 
 from gpu_tune.discover.model import NumaNode, NumaSource, PciDevice, Topology, nic_name
 from gpu_tune.errors import HostError
+from gpu_tune.host.fs import TABLE_READ_CAP, NotAFile
 from gpu_tune.host.parse import (MAX_CPU, normalize_bus_id, ParseError, format_cpulist, irqs_named, parse_cpulist, parse_cpumask, parse_int,
                     parse_interrupts, parse_link_speed, parse_link_width, parse_meminfo)
 
@@ -110,7 +111,7 @@ def _numa_nodes(fs: "HostFS", cpus_online: frozenset[int], warnings: list[str]) 
 def _cpu_model_and_sockets(fs: "HostFS", cpus_online: frozenset[int]) -> tuple[str, int]:
     model = None
     packages: set[str] = set()
-    text = fs.read_optional("/proc/cpuinfo") or ""
+    text = fs.read_optional("/proc/cpuinfo", limit=TABLE_READ_CAP) or ""
     for line in text.splitlines():
         if ":" not in line:
             continue
@@ -241,11 +242,32 @@ def _gpu_infos(gpus: Any) -> tuple[list["GpuInfo"], Any]:
     return list(gpus), None
 
 
+class _Noting:
+    """The host as discovery reads it: a file refused for what it is or its size (a FIFO, a
+    device, a 2 GB file where a one-line file should be) is left unknown, as a missing one is,
+    and named in the warnings."""
+
+    def __init__(self, fs: "HostFS", warnings: list[str]) -> None:
+        self._fs = fs
+        self._warnings = warnings
+
+    def __getattr__(self, name: str) -> Any:
+        return getattr(self._fs, name)
+
+    def read_optional(self, host_path: str, **kw: Any) -> str | None:
+        try:
+            return self._fs.read_optional(host_path, **kw)
+        except NotAFile as exc:
+            self._warnings.append(str(exc))
+            return None
+
+
 # -- discover -----------------------------------------------------------------------------------
 def discover(fs: "HostFS", gpus: "GpuBackend | Iterable[GpuInfo] | None" = None) -> Topology:
     """Read the topology of the host under ``fs.root``. Never raises for a missing file: what
     cannot be read is left unknown and named in ``warnings``."""
     warnings: list[str] = []
+    fs = _Noting(fs, warnings)  # type: ignore[assignment]
     cpus_online = _online_cpus(fs, warnings)
     nodes = _numa_nodes(fs, cpus_online, warnings)
     model, sockets = _cpu_model_and_sockets(fs, cpus_online)
@@ -355,7 +377,7 @@ def _driver_versions(backend: Any, warnings: list[str]) -> tuple[str | None, str
 def _with_virtio_irqs(fs: "HostFS", nics: list[PciDevice], warnings: list[str]) -> list[PciDevice]:
     """Add the IRQs ``/proc/interrupts`` names after each virtio NIC's virtio device (read only
     when there is one: on a big node the file is megabytes)."""
-    text = fs.read_optional("/proc/interrupts")
+    text = fs.read_optional("/proc/interrupts", limit=TABLE_READ_CAP)
     if text is None:
         warnings.append("/proc/interrupts: unreadable; virtio NICs list only their msi_irqs")
         return nics

@@ -17,6 +17,14 @@ the path one component at a time (``O_PATH|O_NOFOLLOW``, ``readlink``, restartin
 an absolute link, at most 40 links) that gives the same answers. With the root ``/`` resolution
 is the ordinary one (nothing lies outside it). Errors come back as :class:`HostError` with the
 path and the reason in one line.
+
+Only regular files are read or written (the kernel's pseudo-files in /proc and /sys are regular
+files too): a FIFO, a device or a socket where a host file should be is refused on the opened
+descriptor, which is opened non-blocking, so nothing waits for a writer that never comes. Every
+read is bounded (:data:`READ_CAP` unless the caller gives a cap that suits the file): kernel files
+report sizes of 0 or 4096 whatever they hold, so the cap bounds what is read (cap + 1 bytes, then
+refused), never trusting the reported size. A file with more than one name (hard links) is never
+written: another name may lie outside the root.
 """
 
 from __future__ import annotations
@@ -25,17 +33,89 @@ import ctypes
 import errno
 import logging
 import os
+import re
 import stat
 import tempfile
 from pathlib import Path
 
-from gpu_tune.errors import HostError, InputError
+from gpu_tune.errors import HostError, InputError, NotAFile
 from gpu_tune.host.resolve import O_CLOEXEC, O_PATH, Escape, Openat2Resolver, WalkResolver, libc
 
 # Filesystems whose files are kernel interfaces: a write is a request, not a byte copy.
 KERNEL_FS_TYPES = frozenset({"proc", "sysfs", "cgroup", "cgroup2", "debugfs", "securityfs", "configfs"})
 # Their statfs(2) f_type magic numbers (linux/magic.h).
 _KERNEL_FS_MAGIC = frozenset({0x9FA0, 0x62656572, 0x27E0EB, 0x63677270, 0x64626720, 0x73636673, 0x62656570})
+
+# What one read of a host file may return, in bytes. One-value kernel files hold a few bytes
+# (an 8,192-CPU affinity mask is 2.3 KB); tables that grow with the machine are larger.
+READ_CAP = 1 << 20
+# /proc/interrupts and /proc/cpuinfo: megabytes on a 224-CPU node with a few thousand IRQs.
+TABLE_READ_CAP = 64 << 20
+
+_O_READ = os.O_RDONLY | os.O_NONBLOCK | os.O_NOCTTY
+_O_WRITE = os.O_WRONLY | os.O_NONBLOCK | os.O_NOCTTY
+# The temporary file of an atomic write: ``.<name>.<12 hex digits>`` beside ``<name>``.
+_TEMP_RE = re.compile(r"\.(?P<name>.+)\.[0-9a-f]{12}")
+
+
+def _kind(mode: int) -> str | None:
+    """What a file that is not a regular file is, in words; None for a regular file."""
+    if stat.S_ISREG(mode):
+        return None
+    if stat.S_ISFIFO(mode):
+        return "a FIFO (named pipe)"
+    if stat.S_ISCHR(mode):
+        return "a character device"
+    if stat.S_ISBLK(mode):
+        return "a block device"
+    if stat.S_ISSOCK(mode):
+        return "a socket"
+    if stat.S_ISDIR(mode):
+        return "a directory"
+    if stat.S_ISLNK(mode):
+        return "a symlink"
+    return "not a regular file"
+
+
+def _size(n: int) -> str:
+    for unit, div in (("GiB", 1 << 30), ("MiB", 1 << 20), ("KiB", 1 << 10)):
+        if n >= div and n % div == 0:
+            return f"{n // div} {unit}"
+    return f"{n:,} bytes"
+
+
+def read_capped(fd: int, limit: int) -> bytes | None:
+    """At most ``limit`` bytes from ``fd``; None when it holds more (``limit + 1`` are read at
+    most, whatever the file says its size is)."""
+    chunks = []
+    left = limit + 1
+    while left > 0:
+        b = os.read(fd, min(65536, left))
+        if not b:
+            break
+        chunks.append(b)
+        left -= len(b)
+    return None if left <= 0 else b"".join(chunks)
+
+
+def read_local_file(path: str | os.PathLike[str], limit: int, what: str = "file") -> bytes:
+    """A file of this process's own (a profile, a GPU fixture), read as host files are: only a
+    regular file, opened non-blocking, at most ``limit`` bytes. Raises OSError (its
+    ``strerror`` says what the file is, or that it is too large for a ``what``)."""
+    fd = os.open(path, _O_READ | os.O_CLOEXEC)
+    try:
+        st = os.fstat(fd)
+        if stat.S_ISDIR(st.st_mode):
+            raise IsADirectoryError(errno.EISDIR, os.strerror(errno.EISDIR), os.fspath(path))
+        kind = _kind(st.st_mode)
+        if kind is not None:
+            raise OSError(errno.EINVAL, f"is {kind}, not a file", os.fspath(path))
+        data = None if st.st_size > limit else read_capped(fd, limit)
+        if data is None:
+            raise OSError(errno.EFBIG, f"larger than {_size(limit)}: too large for a {what}", os.fspath(path))
+        return data
+    finally:
+        os.close(fd)
 
 
 
@@ -230,41 +310,53 @@ class HostFS:
         except OSError:
             return False
 
-    def _read(self, rel: str) -> bytes:
-        fd = self._open(rel, os.O_RDONLY)
+    def _read_file(self, host_path: str, limit: int) -> bytes:
+        rel = self._rel(host_path)
         try:
-            chunks = []
-            while True:
-                b = os.read(fd, 65536)
-                if not b:
-                    break
-                chunks.append(b)
-            return b"".join(chunks)
+            fd = self._open(rel, _O_READ)
+        except OSError as exc:
+            kind = self._kind_at(rel) if exc.errno in (errno.ENXIO, errno.ENODEV) else None
+            if kind is not None:  # a socket, a device with nothing behind it
+                raise NotAFile(f"{host_path}: is {kind}, not a file: not read", errno.EINVAL) from None
+            raise self._error(host_path, exc) from None
+        try:
+            st = os.fstat(fd)
+            kind = _kind(st.st_mode)
+            if kind == "a directory":
+                raise HostError(f"{host_path}: is a directory, expected a file", errno.EISDIR)
+            if kind is not None:
+                raise NotAFile(f"{host_path}: is {kind}, not a file: not read", errno.EINVAL)
+            # a regular file on an ordinary filesystem says its size; a kernel file does not
+            data = None if st.st_size > limit and _fs_magic(fd) not in _KERNEL_FS_MAGIC else read_capped(fd, limit)
+            if data is None:
+                raise NotAFile(f"{host_path}: larger than {_size(limit)}, too large for this file: not read",
+                               errno.EFBIG)
+            return data
+        except OSError as exc:
+            raise self._error(host_path, exc) from None
         finally:
             os.close(fd)
 
-    def _read_file(self, host_path: str) -> bytes:
-        try:
-            return self._read(self._rel(host_path))
-        except OSError as exc:
-            raise self._error(host_path, exc) from None
+    def read_bytes(self, host_path: str, *, limit: int = READ_CAP) -> bytes:
+        """The whole file (at most ``limit`` bytes); :class:`HostError` naming the path when it
+        cannot be read, :class:`NotAFile` when it is no regular file or larger than ``limit``."""
+        return self._read_file(host_path, limit)
 
-    def read_bytes(self, host_path: str) -> bytes:
-        """The whole file; :class:`HostError` naming the path when it cannot be read."""
-        return self._read_file(host_path)
-
-    def read_text(self, host_path: str) -> str:
-        """The whole file as text; :class:`HostError` naming the path when it cannot be read."""
-        return self._read_file(host_path).decode("utf-8", "replace")
+    def read_text(self, host_path: str, *, limit: int = READ_CAP) -> str:
+        """The whole file as text (see :meth:`read_bytes`)."""
+        return self._read_file(host_path, limit).decode("utf-8", "replace")
 
     def read_value(self, host_path: str) -> str:
         """A one-value kernel file, stripped."""
         return self.read_text(host_path).strip()
 
-    def read_optional(self, host_path: str) -> str | None:
-        """The stripped value, or None when the file does not exist or cannot be read."""
+    def read_optional(self, host_path: str, *, limit: int = READ_CAP) -> str | None:
+        """The stripped value, or None when the file does not exist or cannot be read. A file
+        refused for what it is or its size (:class:`NotAFile`) is not "missing": it raises."""
         try:
-            return self.read_text(host_path).strip()
+            return self.read_text(host_path, limit=limit).strip()
+        except NotAFile:
+            raise
         except HostError:
             return None
 
@@ -298,12 +390,38 @@ class HostFS:
             os.close(fd)
 
     # -- writing ---------------------------------------------------------------------------
-    def _write_into(self, host_path: str, data: bytes, what: str) -> None:
+    def _one_name(self, host_path: str, st: os.stat_result) -> None:
+        """Refuse to write a file that is not a regular file or that has another name."""
+        kind = _kind(st.st_mode)
+        if kind is not None:
+            raise NotAFile(f"{host_path}: not written: it is {kind}, not a file", errno.EINVAL)
+        if st.st_nlink > 1:
+            raise NotAFile(f"{host_path}: not written: it has {st.st_nlink} hard links (another name may lie "
+                           f"outside --root {self.root}); only a file with one name is written", errno.EMLINK)
+
+    def _kind_at(self, rel: str) -> str | None:
         try:
-            fd = self._open(self._rel(host_path), os.O_WRONLY | os.O_TRUNC, write=True)
+            fd = self._open(rel, O_PATH)
+        except OSError:
+            return None
+        try:
+            return _kind(os.fstat(fd).st_mode)
+        finally:
+            os.close(fd)
+
+    def _write_into(self, host_path: str, data: bytes, what: str) -> None:
+        rel = self._rel(host_path)
+        try:
+            fd = self._open(rel, _O_WRITE, write=True)
         except OSError as exc:
+            kind = self._kind_at(rel) if exc.errno in (errno.ENXIO, errno.ENODEV) else None
+            if kind is not None:  # a FIFO with no reader, a device with nothing behind it
+                raise NotAFile(f"{host_path}: not written: it is {kind}, not a file", errno.EINVAL) from None
             raise self._error(host_path, exc, write=True) from None
         try:
+            self._one_name(host_path, os.fstat(fd))
+            if _fs_magic(fd) not in _KERNEL_FS_MAGIC:  # a regular file: replace its bytes
+                os.ftruncate(fd, 0)
             os.write(fd, data)
         except OSError as exc:
             raise self._error(host_path, exc, write=True, what=what) from None
@@ -381,6 +499,8 @@ class HostFS:
                                 "file is replaced", errno.ELOOP)
             if st is not None and stat.S_ISDIR(st.st_mode):
                 raise HostError(f"{host_path}: is a directory, expected a file", errno.EISDIR)
+            if st is not None:
+                self._one_name(host_path, st)
             for _ in range(100):
                 tmp = f".{name}.{os.urandom(6).hex()}"
                 try:
@@ -419,9 +539,43 @@ class HostFS:
         parent = rel.rpartition("/")[0]
         os.close(self._dir_for_write("/" + parent, create=True, for_path=host_path))
         try:
-            return self._open(rel, os.O_RDWR | os.O_CREAT, 0o600, write=True)
+            fd = self._open(rel, os.O_RDWR | os.O_CREAT | os.O_NONBLOCK | os.O_NOCTTY, 0o600, write=True)
         except OSError as exc:
             raise self._error(host_path, exc, write=True) from None
+        try:
+            self._one_name(host_path, os.fstat(fd))
+        except BaseException:
+            os.close(fd)
+            raise
+        return fd
+
+    def remove_temporaries(self, host_path: str) -> list[str]:
+        """Remove what an interrupted :meth:`write_file_atomic` of ``host_path`` left beside it
+        (``.<name>.<hex>``, a regular file): the caller holds the lock that serialises those
+        writes. Returns the host paths removed."""
+        rel = self._rel(host_path)
+        parent, _, name = rel.rpartition("/")
+        try:
+            dfd = self._dir_for_write("/" + parent, create=False, for_path=host_path)
+        except (FileNotFoundError, NotADirectoryError):
+            return []
+        removed = []
+        try:
+            for n in os.listdir(dfd):
+                m = _TEMP_RE.fullmatch(n)
+                if m is None or m.group("name") != name:
+                    continue
+                try:
+                    if stat.S_ISREG(os.stat(n, dir_fd=dfd, follow_symlinks=False).st_mode):
+                        os.unlink(n, dir_fd=dfd)
+                        removed.append(f"/{parent}/{n}" if parent else f"/{n}")
+                except FileNotFoundError:
+                    pass
+        except OSError as exc:
+            raise self._error(host_path, exc, write=True) from None
+        finally:
+            os.close(dfd)
+        return removed
 
     def remove(self, host_path: str) -> None:
         """Remove a file (a symlink there is removed itself, never followed)."""

@@ -57,6 +57,7 @@ def serve(options: ServeOptions, *, stages: Stages | None = None,
                   first_publish_max_wait=hold, metrics_detail=options.metrics_detail)
     app = create_app(agent.state)
     sock = _bind(options.host, int(options.port))
+    httpserver.small_receive_buffer(sock)  # the connections it accepts read a few KiB at a time
     config = httpserver.config(app)
     server = uvicorn.Server(config)
 

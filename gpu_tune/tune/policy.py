@@ -21,6 +21,12 @@ from gpu_tune.tune.profile import NAME_RE, Profile
 # A profile deeper than this is not a profile (the schema's deepest value is 3 levels down).
 MAX_DEPTH = 32
 MAX_VALUES = 100_000
+# A profile is a few KB; baselines with many pinned fingerprints some tens of KB.
+MAX_FILE_BYTES = 1 << 20
+# A profile's include graph: the shipped profiles use 2 files; 25 files that each include the
+# next twice are 25 files and 48 includes, read once each.
+MAX_INCLUDE_FILES = 64
+MAX_INCLUDE_EDGES = 1024
 NOT_PROFILES = {"baselines"}
 
 # -- loading ----------------------------------------------------------------------------------
@@ -45,13 +51,17 @@ def _decode_error(path: Path, exc: UnicodeDecodeError) -> InputError:
 
 
 def read_yaml(path: Path, what: str = "policy file") -> Any:
-    """Read one YAML document as bad input should be read: a file that is not UTF-8, not YAML,
-    nested deeper than :data:`MAX_DEPTH` or too deep for the parser is one :class:`InputError`
-    naming the file. Returns None for a file with no document."""
+    """Read one YAML document as bad input should be read: a file that is not a regular file,
+    larger than :data:`MAX_FILE_BYTES`, not UTF-8, not YAML, with a key given twice, nested
+    deeper than :data:`MAX_DEPTH` or too deep for the parser, or holding text that cannot be
+    encoded, is one :class:`InputError` naming the file. Returns None for a file with no document."""
     import yaml
 
+    from gpu_tune.host.fs import read_local_file
+    from gpu_tune.strict import BadText, DuplicateKey, check_text, yaml_load
+
     try:
-        text = path.read_text(encoding="utf-8")
+        text = read_local_file(path, MAX_FILE_BYTES, what).decode("utf-8")
     except FileNotFoundError:
         raise InputError(f"{path}: no such {what}") from None
     except IsADirectoryError:
@@ -59,11 +69,15 @@ def read_yaml(path: Path, what: str = "policy file") -> Any:
     except UnicodeDecodeError as exc:
         raise _decode_error(path, exc) from None
     except OSError as exc:
-        raise InputError(f"{path}: {exc.strerror}") from None
+        raise InputError(f"{path}: {exc.strerror or exc}") from None
+    except ValueError as exc:  # a NUL byte in the path
+        raise InputError(f"{path!s:.200}: not a file name: {exc}") from None
     if not text.strip():
         return None
     try:
-        data = yaml.safe_load(text)
+        data = yaml_load(text)
+    except DuplicateKey as exc:
+        raise InputError(f"{path}:{exc.second}: {exc}: a key is given once") from None
     except yaml.YAMLError as exc:
         mark = getattr(exc, "problem_mark", None)
         where = f":{mark.line + 1}:{mark.column + 1}" if mark else ""
@@ -77,6 +91,10 @@ def read_yaml(path: Path, what: str = "policy file") -> Any:
     if nodes > MAX_VALUES:
         raise InputError(f"{path}: more than {MAX_VALUES:,} values (counting what aliases repeat): "
                          f"too large to be a {what}")
+    try:
+        check_text(data)
+    except BadText as exc:
+        raise InputError(f"{path}: {exc}") from None
     return data
 
 
@@ -100,40 +118,82 @@ def _merge(base: dict[str, Any], over: dict[str, Any]) -> dict[str, Any]:
     return out
 
 
-def _resolve(path: Path, policy_dir: Path, stack: tuple[Path, ...]) -> dict[str, Any]:
-    if path in stack:
-        chain = " -> ".join(p.name for p in (*stack, path))
-        raise InputError(f"{stack[0]}: include cycle: {chain}")
-    data = _yaml_load(path)
-    inc = data.pop("include", None)
-    if inc is None:
-        includes: list[Any] = []
-    elif isinstance(inc, str):
-        includes = [inc]
-    elif isinstance(inc, list):
-        includes = inc
-    else:
-        raise InputError(f"{path}: include: expected a file name or a list of them")
-    merged: dict[str, Any] = {}
-    for name in includes:
-        if not isinstance(name, str) or "/" in name or name.startswith(".") or not name.endswith(".yaml"):
-            raise InputError(f"{path}: include: {name!r} must be a .yaml file name in {policy_dir}")
-        included = _resolve(_include_path(path, name, policy_dir), policy_dir, (*stack, path))
-        included.pop("name", None)  # a profile is named by its own file, not by what it includes
-        merged = _merge(merged, included)
-    return _merge(merged, data)
+class _Includes:
+    """One profile's include graph, each file read and resolved once (a file included along many
+    paths is merged from the one result: linear in the number of files), and bounded: at most
+    :data:`MAX_INCLUDE_FILES` files and :data:`MAX_INCLUDE_EDGES` includes."""
+
+    def __init__(self, policy_dir: Path) -> None:
+        self.policy_dir = policy_dir
+        self.done: dict[Path, dict[str, Any]] = {}
+        self.files = 0
+        self.edges = 0
+
+    def resolve(self, path: Path, stack: tuple[Path, ...] = ()) -> dict[str, Any]:
+        if path in stack:
+            chain = " -> ".join(p.name for p in (*stack, path))
+            raise InputError(f"{stack[0]}: include cycle: {chain}")
+        if path in self.done:
+            return self.done[path]
+        self.files += 1
+        if self.files > MAX_INCLUDE_FILES:
+            raise InputError(f"{stack[0] if stack else path}: includes more than {MAX_INCLUDE_FILES} files: "
+                             "too large to be a profile")
+        data = _yaml_load(path)
+        inc = data.pop("include", None)
+        if inc is None:
+            includes: list[Any] = []
+        elif isinstance(inc, str):
+            includes = [inc]
+        elif isinstance(inc, list):
+            includes = inc
+        else:
+            raise InputError(f"{path}: include: expected a file name or a list of them")
+        merged: dict[str, Any] = {}
+        for name in includes:
+            self.edges += 1
+            if self.edges > MAX_INCLUDE_EDGES:
+                raise InputError(f"{stack[0] if stack else path}: more than {MAX_INCLUDE_EDGES} includes in all: "
+                                 "too large to be a profile")
+            _check_include_name(path, name, self.policy_dir)
+            included = dict(self.resolve(_include_path(path, name, self.policy_dir), (*stack, path)))
+            included.pop("name", None)  # a profile is named by its own file, not by what it includes
+            merged = _merge(merged, included)
+        out = _merge(merged, data)
+        self.done[path] = out
+        return out
+
+
+def _resolve(path: Path, policy_dir: Path, stack: tuple[Path, ...] = ()) -> dict[str, Any]:
+    return dict(_Includes(policy_dir).resolve(path, stack))
+
+
+def _check_include_name(path: Path, name: Any, policy_dir: Path) -> None:
+    """An include names a ``.yaml`` file in the policy folder: no folder, no hidden file, no
+    control character (a NUL byte included), at most 255 bytes."""
+    ok = (isinstance(name, str) and "/" not in name and not name.startswith(".") and name.endswith(".yaml")
+          and name.isprintable() and len(name.encode("utf-8", "surrogatepass")) <= 255)
+    if ok:
+        try:
+            name.encode("utf-8")
+        except UnicodeEncodeError:
+            ok = False
+    if not ok:
+        shown = repr(name)[:120]
+        raise InputError(f"{path}: include: {shown} must be a .yaml file name in {policy_dir}")
 
 
 def _include_path(path: Path, name: str, policy_dir: Path) -> Path:
     """Where ``include: name`` is read from: the policy folder, else the shipped profiles (so a
     profile written for one node, in a folder of its own, can include ``training.yaml``), as tuned
     looks in /etc/tuned before /usr/lib/tuned."""
-    own = policy_dir / name
-    if own.exists():
-        return own
-    shipped = shipped_policy_dir() / name
-    if shipped.exists():
-        return shipped
+    for folder in (policy_dir, shipped_policy_dir()):
+        candidate = folder / name
+        try:
+            if candidate.exists():
+                return candidate
+        except (OSError, ValueError) as exc:
+            raise InputError(f"{path}: include: {name!r}: {getattr(exc, 'strerror', None) or exc}") from None
     raise InputError(f"{path}: include: {name!r}: no such policy file in {policy_dir} or among the shipped profiles")
 
 

@@ -7,6 +7,7 @@ from typing import Any
 
 from gpu_tune.judge.gain.measure import FAMILY_WORDS, UNTUNED
 from gpu_tune.judge.gain.stats import LOSS
+from gpu_tune.views.text import printable
 
 _UNITS = {"images_per_second": ("images/s", 1.0, "{:,.0f}"), "step_p50_seconds": ("step p50 ms", 1e3, "{:.2f}"),
           "step_p99_seconds": ("step p99 ms", 1e3, "{:.2f}"), "jitter_p99_over_p50": ("jitter p99/p50", 1.0, "{:.3f}")}
@@ -80,9 +81,9 @@ def render_gain(doc: dict[str, Any]) -> Any:
             blocks.append(Text(f"  while it ran: some task waited for a CPU {_pct(busy.get('cpu_pressure_median'))} "
                                f"of the time, {_pct(busy.get('steal_median'))} of CPU time stolen (medians per run)"))
         for f in t["failed_runs"]:
-            blocks.append(Text(f"  failed run: {f}", style="red"))
+            blocks.append(Text(printable(f"  failed run: {f}"), style="red"))
     for s in doc.get("skipped_families") or []:
-        blocks.append(Text(f"  not measured: {s['family']} ({s['why']})"))
+        blocks.append(Text(printable(f"  not measured: {s['family']} ({s['why']})")))
     v = doc["verdict"]
     if null:
         blocks.append(Text(f"A/A verdict: {v}" + ("" if v != LOSS and v != "gain" else
