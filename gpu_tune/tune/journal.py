@@ -112,7 +112,7 @@ class Journal:
         except NotAFile as exc:
             why = str(exc).split(": ", 1)[-1]
             raise JournalError(f"{where}: unreadable journal ({why}); fix or move the file by hand") from None
-        from gpu_tune.strict import BadText, DuplicateKey, check_text, json_loads
+        from gpu_tune.strict import DuplicateKey, check_text, json_loads
 
         try:
             doc = json_loads(text)
