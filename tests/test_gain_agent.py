@@ -109,7 +109,8 @@ def test_gain_runs_once_before_the_first_probe_and_holds_off_enforce():
     assert 'gpu_tune_tuning_gain_ratio_upper{gpu="0",measure="jitter_p99_over_p50",regime="launch_bound"} 1.01' in text
     assert "step_p50" not in text  # two measures per GPU only
     series = [ln for ln in text.splitlines() if ln.startswith("gpu_tune_tuning_gain")]
-    assert len(series) == 2 * 2 * 3
+    assert len(series) == 2 * 2 * 3 + 2  # 2 GPUs x 2 measures x (ratio, lower, upper), and a verdict per GPU
+    assert 'gpu_tune_tuning_gain_verdict{gpu="0",verdict="gain"} 1.0' in text
 
 
 def test_no_gain_in_audit_mode_and_no_series_without_it():

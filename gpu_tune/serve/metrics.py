@@ -101,6 +101,9 @@ FAMILIES: dict[str, tuple[str, tuple[str, ...]]] = {
     "gpu_tune_tuning_gain_ratio": ("Tuned / untuned ratio of the measure in the probe's regime, measured by "
                                    "gpu-tune gain at the agent's start (images_per_second: above 1 is a gain; "
                                    "jitter_p99_over_p50: below 1 is a gain)", ("gpu", "regime", "measure")),
+    "gpu_tune_tuning_gain_verdict": ("1 for the images/s verdict of gpu-tune gain measured at the agent's start: "
+                                     "gain, loss, no significant difference or inconclusive (a loss is confirmed "
+                                     "by the exact test, not only by the interval)", ("gpu", "verdict")),
     "gpu_tune_tuning_gain_family_ratio": ("Images/s ratio of one setting family alone on top of untuned against "
                                           "untuned (gpu-tune gain --per-setting at the agent's start, profile "
                                           "gain.per_setting; the worst GPU), labelled with the family's verdict",
@@ -290,10 +293,15 @@ class SnapshotCollector(Collector):
                 ratio.add_metric(lv, r)
                 lower.add_metric(lv, lo)
                 upper.add_metric(lv, hi)
+        verdict = self._fam("gpu_tune_tuning_gain_verdict")
+        for t in gain.get("targets") or []:
+            if isinstance(t, Mapping) and t.get("verdict"):
+                verdict.add_metric([str(t.get("gpu", "")), str(t["verdict"])], 1)
         if gain:  # no gain families at all on an agent that does not measure it
             yield ratio
             yield lower
             yield upper
+            yield verdict
         fams = _family_rows(gain)
         if fams:  # one series per setting family, only when the agent measures them
             fam = self._fam("gpu_tune_tuning_gain_family_ratio")
