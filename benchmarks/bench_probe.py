@@ -32,7 +32,7 @@ ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
 from gpu_tune.judge import probe  # noqa: E402
-from gpu_tune.tune.policy import ProbePolicy  # noqa: E402
+from gpu_tune.tune.profile import ProbePolicy  # noqa: E402
 
 TIMING_KEYS = ("process_start_seconds", "data_load_seconds", "tensorflow_import_seconds", "device_setup_seconds",
                "launch_bound_compile_seconds", "launch_bound_window_seconds", "device_bound_compile_seconds",

@@ -32,6 +32,12 @@ class HostError(GpuTuneError):
         self.errno = errno
 
 
+class NotAFile(HostError):
+    """A host file refused for what it is (a FIFO, a device, a socket, a file with another
+    name) or for its size: never read whole, never written. Reported like any unreadable file,
+    but never taken for a missing one."""
+
+
 class LockBusy(GpuTuneError):
     """Another gpu-tune process holds the apply/revert lock."""
 

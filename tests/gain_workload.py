@@ -9,8 +9,37 @@ tuned (swappiness 0) else ``GAIN_TEST_UNTUNED_IPS``, each with a small per-run w
 
 import json
 import os
+import random
 import sys
 import time
+
+
+def active_families(root: str) -> list[str]:
+    """The setting families this run sees applied: on the fixture host (sysctls, THP, governor)
+    and in its own process (NUMA memory binding, the jemalloc preload)."""
+    def read(rel: str) -> str:
+        try:
+            with open(os.path.join(root, rel), encoding="ascii") as fh:
+                return fh.read()
+        except OSError:
+            return ""
+
+    out = []
+    if read("proc/sys/vm/swappiness").strip() == "0":
+        out.append("sysctl")
+    if read("sys/kernel/mm/transparent_hugepage/enabled").strip() in ("always", "[always] madvise never"):
+        out.append("thp")
+    if read("sys/devices/system/cpu/cpu0/cpufreq/scaling_governor").strip() == "performance":
+        out.append("cpu")
+    try:
+        with open("/proc/self/numa_maps", encoding="ascii") as fh:
+            if " bind:" in fh.read():
+                out.append("numa")
+    except OSError:
+        pass
+    if "jemalloc" in os.environ.get("LD_PRELOAD", ""):
+        out.append("allocator")
+    return out
 
 
 def main() -> int:
@@ -26,10 +55,17 @@ def main() -> int:
                 n = sum(1 for _ in fh)
         with open(log, "a", encoding="utf-8") as fh:
             fh.write(json.dumps({"swappiness": swappiness, "affinity": sorted(os.sched_getaffinity(0)),
+                                 "families": active_families(root),
                                  "ld_preload": os.environ.get("LD_PRELOAD", ""), "argv": sys.argv[1:]}) + "\n")
     time.sleep(float(os.environ.get("GAIN_TEST_SLEEP", "0")))
-    ips = float(os.environ["GAIN_TEST_TUNED_IPS" if tuned else "GAIN_TEST_UNTUNED_IPS"])
-    ips *= 1 + 0.004 * ((n * 7) % 5 - 2)  # a deterministic wobble of at most 0.8 %
+    effects = json.loads(os.environ.get("GAIN_TEST_EFFECTS") or "null")
+    if effects is None:
+        ips = float(os.environ["GAIN_TEST_TUNED_IPS" if tuned else "GAIN_TEST_UNTUNED_IPS"])
+    else:  # per setting family: each family seen active multiplies the untuned images/s
+        ips = float(os.environ["GAIN_TEST_UNTUNED_IPS"])
+        for fam in active_families(root):
+            ips *= float(effects.get(fam, 1.0))
+    ips *= 1 + random.Random(n).uniform(-0.008, 0.008)  # a wobble of at most 0.8 %, the same for run n
     p50 = 256 / ips
     doc = {"ok": True, "regimes": {"launch_bound": {
         "images_per_second": ips, "steps": 100,

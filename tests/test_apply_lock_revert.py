@@ -11,7 +11,7 @@ import time
 
 import pytest
 
-from gpu_tune.cli import app as cli
+from gpu_tune import cli
 from gpu_tune.tune import engine
 from gpu_tune.errors import HostError
 from gpu_tune.host.fs import HostFS

@@ -12,6 +12,7 @@ import hashlib
 import json
 import os
 import shutil
+import stat
 import time
 from pathlib import Path
 from typing import Callable
@@ -20,7 +21,7 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from gpu_tune.cli.app import main
+from gpu_tune.cli import main
 from gpu_tune.errors import InputError
 from gpu_tune.host.parse import MAX_CPU, ParseError, parse_cpulist, parse_cpumask
 from tests.conftest import GPU_FIXTURES, REPO, run_cli
@@ -46,6 +47,8 @@ def tree_digest(*roots: Path) -> str:
                 h.update(f"{os.path.relpath(p, root)}\0{st_.st_mode:o}\0".encode())
                 if os.path.islink(p):
                     h.update(os.readlink(p).encode())
+                elif name in filenames and not stat.S_ISREG(st_.st_mode):
+                    h.update(f"{st_.st_size}\0{st_.st_rdev}".encode())  # a FIFO or a device: never opened
                 elif name in filenames:
                     with open(p, "rb") as fh:
                         h.update(fh.read())
@@ -135,6 +138,19 @@ def alias_bomb() -> str:
     return "\n".join(lines) + "\nsummary: *a8\n"
 
 
+def _two_gpus(uuid="GPU-a", uuid2="GPU-b", bus="0000:18:00.0", bus2="0000:9a:00.0") -> str:
+    g = {"name": "NVIDIA H100 80GB HBM3", "memory_total_mib": 81559}
+    return json.dumps({"gpus": [{**g, "index": 0, "uuid": uuid, "pci_bus_id": bus},
+                                {**g, "index": 1, "uuid": uuid2, "pci_bus_id": bus2}]})
+
+
+def _include_chain(pol: Path, n: int) -> str:
+    """A profile whose includes run through ``n`` files, each including the next."""
+    for i in range(n):
+        (pol / f"_c{i}.yaml").write_text(f"include: _c{i + 1}.yaml\n" if i + 1 < n else "summary: end\n")
+    return "name: x\ninclude: _c0.yaml\n"
+
+
 def entry(**kw):
     return {"id": "sysctl.vm.swappiness", "target": "host", "family": "sysctl", "path": "/proc/sys/vm/swappiness",
             "value": "60", "seq": 1, **kw}
@@ -147,8 +163,8 @@ CASES: list[Case] = [
     ("profile-not-utf8", "apply", lambda w: w.profile(b"name: x\nsummary: \"\xff\xfe\"\n"), ("x.yaml", "not UTF-8")),
     ("profile-latin1-key", "apply", lambda w: w.profile(b"name: x\nsysctl: {vm.swappiness\xe9: 1}\n"), ("not UTF-8",)),
     ("yaml-20000-deep", "apply", lambda w: w.profile(nested_yaml(20000)), ("x.yaml", "nested too deep")),
-    ("yaml-block-3000-deep", "apply",
-     lambda w: w.profile("name: x\nsysctl:\n" + "".join(" " * i + "k:\n" for i in range(1, 3000))), ("nested too deep",)),
+    ("yaml-block-1400-deep", "apply",
+     lambda w: w.profile("name: x\nsysctl:\n" + "".join(" " * i + "k:\n" for i in range(1, 1400))), ("nested too deep",)),
     ("yaml-40-deep", "apply", lambda w: w.profile(nested_yaml(40)), ("nested too deep",)),
     ("yaml-alias-bomb", "apply", lambda w: w.profile(alias_bomb()), ("x.yaml", "too large")),
     ("profile-empty", "apply", lambda w: w.profile(""), ("x.yaml", "empty")),
@@ -182,7 +198,41 @@ CASES: list[Case] = [
     ("baselines-inf", "probe", lambda w: ((w.pol / "baselines.yaml").write_text(
         "cpu: {train_images_per_second: .inf}\n"), ["--policy-dir", str(w.pol), "--gpu-backend", "none", "--device", "cpu",
                                                     "--timeout", "5"])[1], ("baselines.yaml",)),
+    ("profile-key-twice", "apply", lambda w: w.profile("name: x\nsysctl:\n  vm.swappiness: 0\n  vm.swappiness: 100\n"),
+     ("x.yaml:4", "'vm.swappiness' given twice (lines 3 and 4)")),
+    ("profile-key-twice-flow", "audit", lambda w: w.profile("name: x\nsysctl: {vm.swappiness: 0, vm.swappiness: 100}\n"),
+     ("x.yaml:2", "'vm.swappiness' given twice")),
+    ("profile-two-sysctl-blocks", "audit", lambda w: w.profile(
+        "name: x\nsysctl:\n  vm.swappiness: 0\nthp: {enabled: always}\nsysctl:\n  vm.dirty_ratio: 20\n"),
+     ("x.yaml:5", "'sysctl' given twice (lines 2 and 5)")),
+    ("include-key-twice", "apply", lambda w: ((w.pol / "_y.yaml").write_text("thp:\n  enabled: never\n  enabled: always\n"),
+                                              w.profile("name: x\ninclude: _y.yaml\n"))[1],
+     ("_y.yaml:3", "'enabled' given twice (lines 2 and 3)")),
+    ("baselines-key-twice", "probe", lambda w: ((w.pol / "baselines.yaml").write_text(
+        "cpu: {train_images_per_second: 10}\ncpu: {train_images_per_second: 20}\n"),
+        ["--policy-dir", str(w.pol), "--gpu-backend", "none", "--device", "cpu", "--timeout", "5"])[1],
+     ("baselines.yaml:2", "'cpu' given twice (lines 1 and 2)")),
+    ("include-nul", "apply", lambda w: w.profile('name: x\ninclude: "_base\\0.yaml"\n'), ("x.yaml", "include", "\\x00")),
+    ("include-newline", "apply", lambda w: w.profile('name: x\ninclude: "_base\\n.yaml"\n'), ("x.yaml", "include")),
+    ("include-name-too-long", "apply", lambda w: w.profile(f"name: x\ninclude: {'a' * 300}.yaml\n"), ("x.yaml", "include")),
+    ("include-too-many-files", "apply", lambda w: w.profile(_include_chain(w.pol, 70)), ("includes more than 64 files",)),
+    ("profile-lone-surrogate", "apply", lambda w: w.profile('name: x\nsummary: "\\ud800"\n'),
+     ("x.yaml", "summary", "lone surrogate")),
+    ("policy-file-fifo", "apply", lambda w: (os.mkfifo(w.pol / "_f.yaml"), w.profile("name: x\ninclude: _f.yaml\n"))[1],
+     ("_f.yaml", "FIFO")),
     # GPU fixtures
+    ("gpu-fixture-two-gpus-lists", "apply", lambda w: w.gpus('{"gpus": [],\n "driver_version": "570.1",\n "gpus": []}'),
+     ("gpus.json:3", "'gpus' given twice (lines 1 and 3)")),
+    ("gpu-key-twice", "apply", lambda w: w.gpus('{"gpus": [{"index": 0, "uuid": "u", "name": "n",\n'
+                                                '"pci_bus_id": "0000:18:00.0",\n"index": 1}]}'),
+     ("gpus.json:3", "'index' given twice (lines 1 and 3)")),
+    ("gpu-uuid-twice", "apply", lambda w: w.gpus(_two_gpus(uuid="GPU-a", uuid2="gpu-A")), ("gpus[1].uuid", "gpus[0]")),
+    ("gpu-bus-id-twice", "apply", lambda w: w.gpus(_two_gpus(bus="0000:18:00.0", bus2="18:00.0")),
+     ("gpus[1].pci_bus_id", "gpus[0]")),
+    ("gpu-name-lone-surrogate", "topology", lambda w: w.gpu0(name="H100\ud800"), ("gpus.json", "gpus[0].name", "surrogate")),
+    ("gpu-fixture-fifo", "apply", lambda w: (w.fixture.unlink(), os.mkfifo(w.fixture),
+                                             ["--gpu-backend", "fixture", "--gpu-fixture", str(w.fixture)])[2],
+     ("gpus.json", "FIFO")),
     ("json-100000-deep", "apply", lambda w: w.gpus(nested_json(100_000)), ("gpus.json", "nested too deep")),
     ("json-40-deep", "apply", lambda w: w.gpus(nested_json(40)), ("nested too deep",)),
     ("json-not-utf8", "apply", lambda w: w.gpus(b'{"gpus": [], "x": "\xff"}'), ("not UTF-8",)),
@@ -227,6 +277,21 @@ CASES: list[Case] = [
     ("journal-entry-not-object", "revert", lambda w: w.journal({"entries": [1]}), ("entry 0",)),
     ("journal-deep", "revert", lambda w: w.journal('{"entries": ' + "[" * 100_000 + "]" * 100_000 + "}"),
      ("journal.json", "nested too deep")),
+    ("journal-key-twice", "revert", lambda w: w.journal('{"format": 1,\n "entries": [],\n "entries": []}'),
+     ("journal.json:3 under", "'entries' given twice (lines 2 and 3)")),
+    ("journal-entry-key-twice", "apply", lambda w: w.journal(
+        '{"entries": [{"id": "sysctl.vm.swappiness", "target": "host", "family": "sysctl", "value": "60",\n'
+        '"seq": 1, "value": "0"}]}'), ("journal.json:2 under", "'value' given twice (lines 1 and 2)")),
+    ("journal-fifo", "revert", lambda w: (w.journal("{}"), (w.root / JOURNAL).unlink(), os.mkfifo(w.root / JOURNAL),
+                                          ["--gpu-backend", "none"])[3], ("journal.json", "FIFO")),
+    ("journal-sparse-2gb", "revert", lambda w: (w.journal("{}"), os.truncate(w.root / JOURNAL, 2 << 30),
+                                                ["--gpu-backend", "none"])[2], ("journal.json", "larger than 64 MiB")),
+    ("probe-state-key-twice", "label", lambda w: (w.journal("{}"), (w.root / JOURNAL).unlink(),
+                                                  (w.root / "var/lib/gpu-tune/probe.json").write_text(
+                                                      '{"profile": "training",\n"results": [],\n"results": []}'),
+                                                  ["--gpu-backend", "none", "--dry-run", "--kubeconfig",
+                                                   str(w.tmp / "no-kubeconfig")])[3],
+     ("probe.json:3 under", "'results' given twice (lines 2 and 3)")),
     ("journal-missing-family", "apply", lambda w: w.journal({"entries": [{"id": "a", "target": "b"}]}), ("family",)),
     # roots and flags
     ("root-a-file", "apply", lambda w: ["--root", str(w.root / "proc/cmdline"), "--gpu-backend", "none"], ("not a directory",)),
@@ -253,6 +318,37 @@ def test_bad_input_exits_2_with_one_line_and_changes_nothing(world, capsys, name
     assert_bad_input(code, err, *expect)
     assert world.digest() == before
     assert time.monotonic() - t0 < 30  # nothing expanded a huge CPU list or recursed for long
+
+
+@pytest.mark.parametrize("var", ["GPU_TUNE_FAILPOINT_WRITE_DELAY", "GPU_TUNE_LOCK_TIMEOUT"])
+@pytest.mark.parametrize("value", ["-1", "nan", "inf", "1e308", "soon"])
+def test_timing_variables_take_only_valid_seconds(world, capsys, monkeypatch, var, value):
+    """Checked before the lock is taken or the journal written (a negative sleep was exit 3
+    after the journal was on disk)."""
+    monkeypatch.setenv(var, value)
+    before = world.digest()
+    code, _, err = run_main(["apply", "--root", str(world.root), "--gpu-backend", "none"], capsys)
+    assert_bad_input(code, err, var, "seconds")
+    assert world.digest() == before
+    assert not (world.root / JOURNAL).exists()
+
+
+def test_shared_includes_are_read_once(world, monkeypatch):
+    """25 files, each including the next one twice: 2^24 paths through the graph, 25 reads."""
+    from gpu_tune.tune import policy
+
+    for i in range(25):
+        nxt = f"include: [_s{i + 1}.yaml, _s{i + 1}.yaml]\n" if i < 24 else "sysctl: {vm.swappiness: 10}\n"
+        (world.pol / f"_s{i}.yaml").write_text(nxt + f"summary: level {i}\n")
+    (world.pol / "x.yaml").write_text("name: x\ninclude: _s0.yaml\n")
+    reads = []
+    real = policy._yaml_load
+    monkeypatch.setattr(policy, "_yaml_load", lambda p: (reads.append(p.name), real(p))[1])
+    t0 = time.monotonic()
+    prof = policy.load_profile("x", world.pol)
+    assert time.monotonic() - t0 < 10
+    assert prof.summary == "level 0" and prof.sysctl["vm.swappiness"] == 10
+    assert sorted(reads) == sorted(["x.yaml"] + [f"_s{i}.yaml" for i in range(25)])
 
 
 @pytest.mark.parametrize("how", ["flag-before", "flag-after", "env"])

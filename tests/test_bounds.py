@@ -9,7 +9,8 @@ from gpu_tune.tune.engine import apply, audit, make_context, plan, revert
 from gpu_tune.errors import InputError
 from gpu_tune.host.fs import HostFS
 from gpu_tune.tune.knobs.base import Context
-from gpu_tune.tune.policy import UNLIMITED, Bound, load_profile, parse_size
+from gpu_tune.tune.profile import UNLIMITED, Bound, parse_size
+from gpu_tune.tune.policy import load_profile
 from tests.conftest import snapshot_tree
 
 

@@ -168,7 +168,7 @@ def test_profiles_command(tmp_path):
 
 def test_audit_imports_stay_light(make_host):
     root = make_host("small-2cpu")
-    code = ("import sys; from gpu_tune.cli.app import main\n"
+    code = ("import sys; from gpu_tune.cli import main\n"
             "try:\n    main(['audit', '--root', %r, '--gpu-backend', 'none', '-o', 'json'])\n"
             "except SystemExit: pass\n"
             "heavy = [m for m in ('kubernetes', 'fastapi', 'tensorflow', 'uvicorn', 'prometheus_client') if m in sys.modules]\n"

@@ -13,7 +13,8 @@ from gpu_tune.host.fs import HostFS
 from gpu_tune.tune.journal import Journal
 from gpu_tune.tune.knobs.base import Context
 from gpu_tune.tune.knobs.cpu_cstates import CpuCstatesKnob
-from gpu_tune.tune.policy import Profile, load_profile
+from gpu_tune.tune.profile import Profile
+from gpu_tune.tune.policy import load_profile
 from tests.conftest import snapshot_tree
 
 CPU = "sys/devices/system/cpu"
@@ -167,10 +168,10 @@ def test_reads_only_what_it_needs(make_host, monkeypatch):
     seen: list[str] = []
     orig = fs.read_text
 
-    def counting(path):
+    def counting(path, **kw):
         if "/cpuidle/" in path:
             seen.append(path)
-        return orig(path)
+        return orig(path, **kw)
 
     monkeypatch.setattr(fs, "read_text", counting)
     rows = CpuCstatesKnob().read(Context(fs=fs, profile=prof(100)))

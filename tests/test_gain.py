@@ -43,13 +43,16 @@ def test_gain_switches_through_the_journal_and_leaves_the_host_as_found(make_hos
     root = make_host("small-2cpu")
     before = snapshot_tree(root)
     log = tmp_path / "runs.jsonl"
-    p = run_cli("gain", "--root", str(root), *BASE, "--pairs", "3", "-o", "json", env=fake_env(root, log))
+    p = run_cli("gain", "--root", str(root), *BASE, "-o", "json", env=fake_env(root, log))
     assert p.returncode == 0, p.stderr
     doc = jdoc(p)
     seen = lines(log)
-    # each run saw the host in the state of its side: A B B A A B
-    assert [("tuned" if r["swappiness"] == "0" else "untuned") for r in seen] == doc["order"]
-    assert doc["order"] == ["untuned", "tuned", "tuned", "untuned", "untuned", "tuned"]
+    # one warm-up run of the control, not counted; then each run saw the host in the state of its
+    # side: A B B A A B B A A B B A (6 pairs by default)
+    assert doc["warmup"] == 1 and doc["pairs"] == 6
+    assert [("tuned" if r["swappiness"] == "0" else "untuned") for r in seen] == ["untuned"] + doc["order"]
+    assert doc["order"] == ["untuned", "tuned", "tuned", "untuned"] * 3
+    seen = seen[1:]
     # tuned: bound to node 0's CPUs with jemalloc; untuned: this process's CPUs, no preload
     for r, side in zip(seen, doc["order"]):
         if side == TUNED:
@@ -57,11 +60,12 @@ def test_gain_switches_through_the_journal_and_leaves_the_host_as_found(make_hos
         else:
             assert r["ld_preload"] == "" and r["affinity"] == sorted(os.sched_getaffinity(0))
         assert "--launch-bound-only" in r["argv"] and "--step-times" in r["argv"]
-    assert [s["to"] for s in doc["switches"]] == ["tuned", "untuned", "tuned", "untuned"]
+    assert [s["to"] for s in doc["switches"]] == ["tuned", "untuned"] * 3
     assert all(s["ok"] for s in doc["switches"])
     assert doc["found"] == "untuned" and doc["ended"] == "untuned" and doc["host_left_as_asked"]
     t = doc["targets"][0]
-    assert t["gpu"] == "cpu" and t["pairs_complete"] == 3
+    assert t["gpu"] == "cpu" and t["pairs_complete"] == 6
+    assert [r.get("warmup", False) for r in t["runs"]] == [True] + [False] * 12
     m = t["measures"]["images_per_second"]
     assert m["verdict"] == "gain" and m["ci95"][0] < 1.1 < m["ci95"][1]
     assert doc["verdict"] == "gain"
@@ -72,7 +76,7 @@ def test_gain_switches_through_the_journal_and_leaves_the_host_as_found(make_hos
 
 def test_a_loss_is_loud_and_exits_1(make_host, tmp_path):
     root = make_host("small-2cpu")
-    p = run_cli("gain", "--root", str(root), *BASE, "--pairs", "3",
+    p = run_cli("gain", "--root", str(root), *BASE,
                 env={**fake_env(root, tmp_path / "l.jsonl", tuned_ips=800.0, untuned_ips=1000.0), "COLUMNS": "160"})
     assert p.returncode == 1, p.stderr
     assert "LOSS: profile training makes the launch-bound regime SLOWER" in p.stdout
@@ -195,8 +199,9 @@ def test_real_probe_gain_on_this_machine(make_host):
     assert doc["order"] == ["untuned", "tuned", "tuned", "untuned", "untuned", "tuned"]
     t = doc["targets"][0]
     assert t["failed_runs"] == [] and t["pairs_complete"] == 3
-    sides = [r["side"] for r in t["runs"]]
-    assert sides == doc["order"]
+    warmup = [r for r in t["runs"] if r.get("warmup")]
+    assert [r["side"] for r in warmup] == ["untuned"] * doc["warmup"] and doc["warmup"] == 1
+    assert [r["side"] for r in t["runs"] if not r.get("warmup")] == doc["order"]
     for r in t["runs"]:
         assert r["ok"] and r["images_per_second"] > 0 and r["step_p99_seconds"] >= r["step_p50_seconds"] > 0
         if r["side"] == TUNED:
@@ -224,3 +229,105 @@ def test_workload_times_each_launch_bound_step_when_asked():
     assert min(lb["step_seconds_all"]) <= st["p50"] <= max(lb["step_seconds_all"])
     # only the launch-bound window ran: no device-bound window, no correctness run
     assert list(doc["regimes"]) == ["launch_bound"] and doc["accuracy"] is None
+
+
+# -- A/A, per setting, the written profile ---------------------------------------------------------
+def test_null_runs_the_control_twice_through_the_same_machinery(make_host, tmp_path):
+    root = make_host("small-2cpu")
+    before = snapshot_tree(root)
+    log = tmp_path / "null.jsonl"
+    # the fake reports the tuned figure whenever the host reads tuned: an A/A run never tunes it
+    p = run_cli("gain", "--root", str(root), *BASE, "--null", "-o", "json",
+                env=fake_env(root, log, tuned_ips=2000.0, untuned_ips=1000.0))
+    doc = jdoc(p)
+    assert doc["mode"] == "null" and doc["switches"] == [] and len(doc["arms"]) == 2
+    assert doc["order"] == ["untuned", "untuned-again", "untuned-again", "untuned"] * 3
+    assert all(r["swappiness"] != "0" and r["ld_preload"] == "" for r in lines(log))
+    assert doc["verdict"] == "no significant difference" and p.returncode == 0
+    assert doc["targets"][0]["tuned"]["allocator"] == "system" and not doc["targets"][0]["tuned"]["bound"]
+    assert snapshot_tree(root) == before
+
+
+def _effects_env(root, log, effects):
+    return {**fake_env(root, log), "GAIN_TEST_EFFECTS": json.dumps(effects)}
+
+
+def test_per_setting_measures_each_family_alone_and_writes_a_profile_without_the_losses(make_host, tmp_path):
+    """THP measured 20 % slower alone, jemalloc 15 % faster, the rest no different: THP is the
+    LOSS, the written profile includes training and leaves THP out (and loads as a profile)."""
+    root = make_host("small-2cpu")
+    before = snapshot_tree(root)
+    log = tmp_path / "per.jsonl"
+    out = tmp_path / "profiles" / "mynode.yaml"
+    out.parent.mkdir()
+    p = run_cli("gain", "--root", str(root), *BASE, "--per-setting", "--write-profile", str(out), "-o", "json",
+                env=_effects_env(root, log, {"thp": 0.8, "allocator": 1.15}), timeout=600)
+    assert p.returncode == 1, p.stderr  # the whole profile loses (0.8 x 1.15)
+    doc = jdoc(p)
+    assert doc["mode"] == "per-setting" and doc["pairs"] == 8 and doc["confidence"] > 0.95  # Bonferroni
+    arms = [a["name"] for a in doc["arms"]]
+    assert arms[0] == "untuned" and arms[-1] == "tuned"
+    assert {"sysctl", "thp", "cpu", "numa", "allocator"} <= set(arms)
+    skipped = {s["family"]: s["why"] for s in doc["skipped_families"]}
+    assert "gpu" in skipped  # no GPU on this host
+    t = doc["targets"][0]
+    fam = {name: a["verdict"] for name, a in t["families"].items()}
+    assert fam["thp"] == "loss" and fam["allocator"] == "gain"
+    assert fam["sysctl"] == fam["numa"] == fam["cpu"] == "no significant difference"
+    assert t["verdict"] == "loss" and doc["verdict"] == "loss", (t["measures"]["images_per_second"], [(r["side"], r.get("images_per_second")) for r in t["runs"]])
+    # each family's runs saw that family alone
+    for r in lines(log)[1:]:
+        assert len(r["families"]) <= 1 or set(r["families"]) >= {"sysctl", "thp", "numa", "allocator"}
+    assert snapshot_tree(root) == before
+    # the profile written for this node
+    w = doc["written_profile"]
+    assert w["left_out"] == ["thp"] and w["name"] == "mynode"
+    text = out.read_text()
+    assert text.count("include: training.yaml") == 1 and "\nthp:\n" in text and "CPU LOSS -20." in text
+    from gpu_tune.tune.policy import load_profile
+
+    mine, shipped = load_profile("mynode", out.parent), load_profile("training")
+    assert mine.thp.enabled is None and mine.thp.defrag is None
+    assert mine.sysctl == shipped.sysctl and mine.allocator == shipped.allocator and mine.cpu == shipped.cpu
+    assert run_cli("--policy-dir", str(out.parent), "audit", "--root", str(root), *BASE, "--profile",
+                   "mynode").returncode in (0, 1)
+
+
+@pytest.mark.parametrize("args,what", [
+    (("--write-profile", "x.yaml"), "--write-profile needs --per-setting"),
+    (("--per-setting", "--write-profile", "Bad Name.yaml"), "expected NAME.yaml"),
+    (("--per-setting", "--write-profile", "/nonexistent/dir/p.yaml"), "no such folder"),
+    (("--per-setting", "--null"), "--per-setting and --null"),
+    (("--warmup", "11"), "--warmup"),
+])
+def test_gain_options_are_checked_before_anything_runs(make_host, tmp_path, args, what):
+    root = make_host("small-2cpu")
+    before = snapshot_tree(root)
+    p = run_cli("gain", "--root", str(root), *BASE, *args, env=fake_env(root, tmp_path / "x.jsonl"))
+    assert p.returncode == 2, (p.stdout, p.stderr)
+    assert what in p.stderr and len(p.stderr.strip().splitlines()) == 1
+    assert not (tmp_path / "x.jsonl").exists() and snapshot_tree(root) == before
+
+
+def test_a_dropped_numa_and_allocator_family_become_launch_settings(tmp_path):
+    from gpu_tune.judge.gain.advice import profile_without_losses
+    from gpu_tune.tune.policy import load_profile
+
+    prof = load_profile("training")
+
+    def fam(verdict, ratio):
+        m = {"images_per_second": {"ratio": ratio, "change": f"{(ratio - 1) * 100:+.1f}% [x, y]", "verdict": verdict}}
+        return {"verdict": verdict, "measures": m, "pairs_complete": 8}
+
+    doc = {"mode": "per-setting", "confidence": 0.99, "pairs": 8, "measured_at": "2026-11-25T00:00:00Z",
+           "skipped_families": [], "targets": [{"gpu": "0", "families": {
+               "numa": fam("loss", 0.9), "allocator": fam("loss", 0.93), "sysctl": fam("loss", 0.95),
+               "thp": fam("no significant difference", 1.0)}}]}
+    text, dropped = profile_without_losses(doc, prof, "node7")
+    assert dropped == ["numa", "allocator", "sysctl"]
+    assert text.count("\nprobe:") == 1  # one block per key: a key given twice is an error
+    (tmp_path / "node7.yaml").write_text(text)
+    mine = load_profile("node7", tmp_path)
+    assert mine.launch.numa_binding is False and mine.probe.require_numa_binding is False
+    assert mine.allocator.preload == "none" and mine.probe.require_jemalloc is False
+    assert mine.sysctl == {} and mine.thp == prof.thp

@@ -12,7 +12,8 @@ from gpu_tune.serve.app import create_app
 from gpu_tune.errors import InputError
 from gpu_tune.cluster.fleet import fleet_report, render_table
 from gpu_tune.cluster.labels import ANNOTATION_SUMMARY, CONDITION_TYPE, node_summary, summary_annotation
-from gpu_tune.tune.policy import Profile, load_profile
+from gpu_tune.tune.profile import Profile
+from gpu_tune.tune.policy import load_profile
 from gpu_tune.serve.agent import Agent
 from gpu_tune.serve.options import ServeOptions
 from gpu_tune.serve.stages import default_stages
@@ -64,7 +65,7 @@ class GainWorld(World):
 
 
 def test_profile_gain_setting_defaults_off_and_is_validated(tmp_path):
-    assert Profile(name="p").gain.measure_on_start is False and Profile(name="p").gain.pairs == 3
+    assert Profile(name="p").gain.measure_on_start is False and Profile(name="p").gain.pairs is None
     assert load_profile("training").gain.measure_on_start is False
     for body, needle in (("gain:\n  pairs: 0\n", "gain.pairs"), ("gain:\n  measure_on_start: maybe\n", "gain.measure_on_start"),
                          ("gain:\n  window_seconds: -1\n", "gain.window_seconds"), ("gain:\n  pair: 3\n", "gain.pair: unknown key")):
@@ -108,7 +109,8 @@ def test_gain_runs_once_before_the_first_probe_and_holds_off_enforce():
     assert 'gpu_tune_tuning_gain_ratio_upper{gpu="0",measure="jitter_p99_over_p50",regime="launch_bound"} 1.01' in text
     assert "step_p50" not in text  # two measures per GPU only
     series = [ln for ln in text.splitlines() if ln.startswith("gpu_tune_tuning_gain")]
-    assert len(series) == 2 * 2 * 3
+    assert len(series) == 2 * 2 * 3 + 2  # 2 GPUs x 2 measures x (ratio, lower, upper), and a verdict per GPU
+    assert 'gpu_tune_tuning_gain_verdict{gpu="0",verdict="gain"} 1.0' in text
 
 
 def test_no_gain_in_audit_mode_and_no_series_without_it():

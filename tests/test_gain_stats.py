@@ -4,10 +4,23 @@ from __future__ import annotations
 
 import math
 import random
+import zlib
 
 import pytest
 
-from gpu_tune.judge.gain.stats import GAIN, INCONCLUSIVE, LOSS, SAME, compare, pct, t975
+from gpu_tune.judge.gain.stats import (
+    GAIN,
+    INCONCLUSIVE,
+    LOSS,
+    SAME,
+    bonferroni,
+    compare,
+    pairs_needed,
+    pct,
+    sign_flip_p,
+    t975,
+    t_quantile,
+)
 
 
 def paired(truth: float, n: int, noise: float, seed: int, base: float = 1000.0, drift: float = 0.0):
@@ -23,7 +36,7 @@ def paired(truth: float, n: int, noise: float, seed: int, base: float = 1000.0, 
 
 
 def test_known_gain_is_a_gain_and_the_interval_covers_the_truth():
-    u, t = paired(1.10, 5, 0.01, seed=1, drift=0.05)  # +10 %, 1 % noise, 5 % drift per pair
+    u, t = paired(1.10, 6, 0.01, seed=1, drift=0.05)  # +10 %, 1 % noise, 5 % drift per pair
     r = compare("images_per_second", u, t)
     assert r.verdict == GAIN
     assert r.lower < 1.10 < r.upper
@@ -32,7 +45,7 @@ def test_known_gain_is_a_gain_and_the_interval_covers_the_truth():
 
 
 def test_known_loss_is_a_loss():
-    u, t = paired(0.85, 4, 0.02, seed=2)
+    u, t = paired(0.85, 6, 0.02, seed=2)
     r = compare("images_per_second", u, t)
     assert r.verdict == LOSS
     assert r.lower < 0.85 < r.upper < 1.0
@@ -40,7 +53,7 @@ def test_known_loss_is_a_loss():
 
 
 def test_lower_is_better_measures_turn_the_verdict_around():
-    u, t = paired(0.80, 5, 0.02, seed=3)  # step time 20 % shorter when tuned
+    u, t = paired(0.80, 6, 0.02, seed=3)  # step time 20 % shorter when tuned
     assert compare("step_p50", u, t, higher_is_better=False).verdict == GAIN
     assert compare("images_per_second", u, t, higher_is_better=True).verdict == LOSS
 
@@ -92,3 +105,113 @@ def test_t_quantiles():
     assert t975(31) == pytest.approx(2.0395, abs=1e-3)
     assert t975(120) == pytest.approx(1.9799, abs=1e-3)
     assert pct(1.051) == "+5.1%" and pct(0.96) == "-4.0%"
+
+
+def test_t_quantiles_at_any_level():
+    # the Bonferroni level for 6 arms, against published tables (two-sided 0.00833)
+    assert t_quantile(1 - 0.05 / 12, 7) == pytest.approx(3.6358, abs=1e-3)
+    assert t_quantile(0.995, 4) == pytest.approx(4.6041, abs=1e-3)
+    assert t_quantile(0.025, 9) == pytest.approx(-2.2622, abs=1e-3)
+    assert bonferroni(1) == 0.95 and bonferroni(5) == pytest.approx(0.99)
+
+
+def test_the_exact_test_counts_sign_patterns():
+    assert sign_flip_p([1.0, 2.0, 3.0]) == (1.0, 0.125)  # all 8 patterns: only the observed one is this high
+    assert sign_flip_p([-0.1] * 6) == (1 / 64, 1.0)
+    assert sign_flip_p([]) == (1.0, 1.0)
+    assert pairs_needed() == 6 and pairs_needed(bonferroni(6)) == 8
+    lo, hi = sign_flip_p([0.01 * (i % 3 - 1) for i in range(24)])  # Monte Carlo beyond 16 pairs
+    assert 0.3 < lo < 0.8 and 0.3 < hi < 0.8
+
+
+def test_few_pairs_that_all_agree_are_not_enough_to_call_a_loss():
+    """Five pairs all 15 % slower: the t interval lies below 1, but 1 in 32 sign patterns is as
+    extreme, above the 2.5 % the verdict promises: inconclusive, with the pairs it needs."""
+    u, t = paired(0.85, 5, 0.01, seed=7)
+    r = compare("images_per_second", u, t)
+    assert r.upper < 1.0 and r.verdict == INCONCLUSIVE
+    assert "exact test does not confirm" in r.reason and "at least 6 pairs" in r.reason
+    assert compare("images_per_second", *paired(0.85, 6, 0.01, seed=7)).verdict == LOSS
+
+
+# -- A/A: both sides the same, under the noise and load shapes of a busy node ------------------
+def _noise(kind: str, rng: random.Random) -> float:
+    """One run's log-noise."""
+    if kind == "normal":
+        return rng.gauss(0, 0.05)
+    if kind == "heavy":  # a t(2)-like tail: now and then a run disturbed a lot
+        return rng.gauss(0, 0.05) / max(0.05, abs(rng.gauss(0, 1)))
+    if kind == "skewed":  # runs only ever get slower: a neighbour steals CPU time from some of them
+        return -rng.expovariate(1 / 0.15) if rng.random() < 0.4 else rng.gauss(0, 0.02)
+    raise ValueError(kind)
+
+
+def aa_experiment(n: int, kind: str, load: str, seed: int) -> tuple[list[float], list[float]]:
+    """n A/A pairs in the A/B, B/A order; ``load`` shapes the level both runs of a moment share:
+    ``steady``, ``drift`` (the node gets 5 % slower per pair), ``bursts`` (a neighbour's job comes
+    and goes: half-speed stretches of a few runs) or ``hogs`` (every CPU busy: half speed, more
+    noise)."""
+    rng = random.Random(seed)
+    level, burst = 1.0, 0
+    a, b = [], []
+    for i in range(n):
+        runs = []
+        for _ in range(2):
+            if load == "drift":
+                level *= 0.975
+            elif load == "bursts":
+                if burst == 0 and rng.random() < 0.3:
+                    burst = rng.randint(1, 4)
+                level = 0.5 if burst else 1.0
+                burst = max(0, burst - 1)
+            scale = 0.5 if load == "hogs" else 1.0
+            noise = _noise(kind, rng) * (2.0 if load == "hogs" else 1.0)
+            runs.append(1000 * level * scale * math.exp(noise))
+        first, second = runs
+        if i % 2 == 0:
+            a.append(first)
+            b.append(second)
+        else:
+            b.append(first)
+            a.append(second)
+    return a, b
+
+
+@pytest.mark.parametrize("kind", ["normal", "heavy", "skewed"])
+@pytest.mark.parametrize("load", ["steady", "drift", "bursts", "hogs"])
+@pytest.mark.parametrize("n", [3, 6, 12])
+def test_aa_false_loss_rate_stays_within_what_the_interval_promises(kind, load, n):
+    """Both sides identical: over 400 experiments per shape, a LOSS (or a gain) is said at most at
+    the rate a one-sided 95 % verdict promises (2.5 %; the bound allows the binomial noise of 400
+    trials: 2.5 % + 2.5 standard errors = 4.5 %)."""
+    trials = 400
+    loss = gain = 0
+    for s in range(trials):
+        a, b = aa_experiment(n, kind, load, seed=zlib.crc32(f"{kind}/{load}/{n}/{s}".encode()))
+        v = compare("images_per_second", a, b).verdict
+        loss += v == LOSS
+        gain += v == GAIN
+    assert loss / trials <= 0.045, (loss, trials)
+    assert gain / trials <= 0.045, (gain, trials)
+
+
+def test_aa_with_six_arms_holds_together():
+    """Six arms against one control, each judged at the Bonferroni level: a LOSS in any of them,
+    when none differs, at most at 5 % of the experiments (+ binomial noise)."""
+    trials, any_loss = 300, 0
+    level = bonferroni(6)
+    for s in range(trials):
+        rng = random.Random(s)
+        n = 8
+        control = [1000 * math.exp(_noise("skewed", rng)) for _ in range(n)]
+        arms = [[1000 * math.exp(_noise("skewed", rng)) for _ in range(n)] for _ in range(6)]
+        any_loss += any(compare("x", control, arm, confidence=level).verdict == LOSS for arm in arms)
+    assert any_loss / trials <= 0.08, any_loss
+
+
+def test_a_confirmed_but_small_difference_is_no_difference_that_counts():
+    u = [1000.0 + i for i in range(8)]
+    t = [x * 0.992 for x in u]  # 0.8 % slower in every pair, no noise: certain, and too small to matter
+    r = compare("images_per_second", u, t)
+    assert r.upper < 1.0 and r.verdict == SAME and "small difference" in r.reason
+    assert compare("images_per_second", u, [x * 0.97 for x in u]).verdict == LOSS

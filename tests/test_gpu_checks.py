@@ -16,7 +16,8 @@ from gpu_tune.gpu.cuda import FrameworkBuild, cuda_major_minor, framework_build_
 from gpu_tune.host.fs import HostFS
 from gpu_tune.tune.knobs import fixable
 from gpu_tune.cluster.publisher import PublishResult
-from gpu_tune.tune.policy import Profile, load_profile
+from gpu_tune.tune.profile import Profile
+from gpu_tune.tune.policy import load_profile
 from gpu_tune.judge.readiness import allocatable_check, driver_cuda_check, verdict
 from tests.fixtures import pcigen
 

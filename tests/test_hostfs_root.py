@@ -11,7 +11,8 @@ from pathlib import Path
 import pytest
 
 from gpu_tune.errors import HostError
-from gpu_tune.host.fs import MAX_SYMLINKS, HostFS, Openat2Resolver
+from gpu_tune.host.fs import HostFS
+from gpu_tune.host.resolve import MAX_SYMLINKS, Openat2Resolver
 
 
 def _openat2_here() -> bool:

@@ -4,6 +4,8 @@ configuration, gpu_tune/serve/httpserver.py) serves the real app on 127.0.0.1 in
 
 from __future__ import annotations
 
+import asyncio
+import asyncio.selector_events
 import http.client
 import json
 import re
@@ -310,7 +312,7 @@ def test_connection_limit_leaves_descriptors_to_the_agent():
 def test_serve_listens_on_loopback_by_default():
     import inspect
 
-    from gpu_tune.cli.app import serve_cmd
+    from gpu_tune.cli.serve import serve_cmd
     from gpu_tune.serve.options import ServeOptions
 
     assert ServeOptions().host == "127.0.0.1"
@@ -346,3 +348,195 @@ def test_only_the_schema_is_served_and_it_lists_only_the_api():
     assert "no interactive documentation pages" in docs[REPO / "docs" / "security.md"]
     for p, text in docs.items():  # no address of the agent with /docs or /redoc to open
         assert not re.search(r"(?:9410|localhost|127\.0\.0\.1|node-ip>)[^\s`]*/(?:docs|redoc)\b", text), p
+
+
+# -- back-pressure: clients that pipeline and do not read the answers -------------------------------
+PIPELINED = b"GET /healthz HTTP/1.1\r\nHost: x\r\n\r\n"
+
+
+def _guarded(srv: Served) -> list:
+    return [c for c in list(srv.server.server_state.connections)
+            if isinstance(c, httpserver.GuardedHttpToolsProtocol)]
+
+
+def _write_without_reading(s: socket.socket, data: bytes, seconds: float) -> int:
+    """Write as much of ``data`` (repeated) as the server takes within ``seconds``; never read."""
+    s.setblocking(False)
+    sent, end = 0, time.monotonic() + seconds
+    view = memoryview(data)
+    while time.monotonic() < end:
+        try:
+            sent += s.send(view[sent % len(data):])
+        except BlockingIOError:
+            time.sleep(0.01)
+        except OSError:
+            break
+    return sent
+
+
+def test_pipelined_requests_all_answered_in_order():
+    paths = ["/healthz", "/readiness", "/nope", "/healthz"] * 200
+    with Served() as srv, srv.connect() as s:
+        s.sendall(b"".join(f"GET {p} HTTP/1.1\r\nHost: x\r\n\r\n".encode() for p in paths))
+        s.settimeout(10)
+        got = b""
+        while got.count(b"HTTP/1.1 ") < len(paths):
+            chunk = s.recv(1 << 20)
+            assert chunk, f"closed after {got.count(b'HTTP/1.1 ')} answers"
+            got += chunk
+        codes = [int(line.split()[1]) for line in re.findall(rb"HTTP/1\.1 \d+", got)]
+        assert codes == [{"/healthz": 200, "/readiness": 503, "/nope": 404}[p] for p in paths]
+
+
+def test_a_client_that_never_reads_holds_a_bounded_queue():
+    """20,000 pipelined requests, no answer read: the server parses at most a few ahead of the
+    one it answers, holds at most one read of the rest, and stops reading that connection."""
+    with Served(send_timeout=60) as srv, srv.connect() as s:
+        s.setsockopt(socket.SOL_SOCKET, socket.SO_RCVBUF, 4096)
+        sent = []
+        writer = threading.Thread(target=lambda: sent.append(_write_without_reading(s, PIPELINED * 20_000, 3.0)))
+        writer.start()
+        worst_pipeline = worst_held = 0
+        while writer.is_alive():
+            for c in _guarded(srv):
+                worst_pipeline = max(worst_pipeline, len(c.pipeline))
+                worst_held = max(worst_held, len(c._held) - c._held_pos)
+            time.sleep(0.01)
+        writer.join()
+        assert worst_pipeline <= httpserver.MAX_PIPELINED
+        # one read of the event loop's transport (256 KiB), plus at most one more that arrived
+        # before the pause took effect; far less than the client managed to send
+        one_read = asyncio.selector_events._SelectorSocketTransport.max_size
+        assert worst_held <= 2 * one_read, (worst_held, sent)
+        print(f"held at most {worst_held} bytes of {sent[0]} sent")
+        assert srv.get("/healthz", timeout=5)[0] == 200
+
+
+def test_answers_unread_past_the_send_timeout_close_the_connection():
+    with Served(send_timeout=1.0) as srv, srv.connect() as s:
+        s.setsockopt(socket.SOL_SOCKET, socket.SO_RCVBUF, 4096)
+        big = b"GET /openapi.json HTTP/1.1\r\nHost: x\r\n\r\n" * 2000  # answers of a few KB each
+        t0 = time.monotonic()
+        _write_without_reading(s, big, 8.0)
+        took = time.monotonic() - t0
+        assert took < 7.5, "still writable: the server never closed the connection"
+        assert not _guarded(srv) or all(c.transport.is_closing() for c in _guarded(srv))
+
+
+def test_connections_held_back_keep_within_their_budget():
+    """30 clients that never read, a budget of 64 KiB: those held back longest are closed, and
+    the rest keep no more than the budget (checked at each sweep)."""
+    with Served(send_timeout=60, blocked_budget=64 * 1024) as srv:
+        socks = [srv.connect() for _ in range(30)]
+        try:
+            writers = [threading.Thread(target=_write_without_reading, args=(s, PIPELINED * 2000, 2.0))
+                       for s in socks]
+            for w in writers:
+                w.start()
+            for w in writers:
+                w.join()
+            time.sleep(1.0)  # two sweeps
+            kept = sum(c._kept_bytes() for c in _guarded(srv) if c._blocked_since() is not None)
+            assert kept <= 64 * 1024
+            assert srv.get("/healthz", timeout=5)[0] == 200
+        finally:
+            for s in socks:
+                s.close()
+
+
+def test_a_full_table_of_clients_that_do_not_read_makes_room_for_a_probe():
+    with Served(max_connections=8, send_timeout=60, request_timeout=60) as srv:
+        socks = [srv.connect() for _ in range(8)]
+        try:
+            writers = [threading.Thread(target=_write_without_reading, args=(s, PIPELINED * 2000, 1.5))
+                       for s in socks]
+            for w in writers:
+                w.start()
+            for w in writers:
+                w.join()
+            assert srv.get("/healthz", timeout=5)[0] == 200
+        finally:
+            for s in socks:
+                s.close()
+
+
+ATTACKER = r"""
+import selectors, socket, sys, time
+port, count, seconds = int(sys.argv[1]), int(sys.argv[2]), float(sys.argv[3])
+req = b"GET /healthz HTTP/1.1\r\nHost: x\r\n\r\n" * 512
+sel = selectors.DefaultSelector()
+socks = []
+for _ in range(count):
+    s = socket.create_connection(("127.0.0.1", port), timeout=5)
+    s.setblocking(False)
+    socks.append(s)
+    sel.register(s, selectors.EVENT_WRITE)
+print("connected", flush=True)
+end = time.monotonic() + seconds
+while time.monotonic() < end:
+    for key, _ in sel.select(0.1):
+        try:
+            key.fileobj.send(req)
+        except BlockingIOError:
+            pass
+        except OSError:
+            sel.unregister(key.fileobj)
+"""
+
+
+SERVER = r"""
+import socket, sys
+sys.path.insert(0, {repo!r})
+import uvicorn
+from gpu_tune.serve import httpserver
+from gpu_tune.serve.app import create_app
+from gpu_tune.serve.server import _bind
+from gpu_tune.serve.snapshot import AgentState
+sock = _bind("127.0.0.1", 0)
+httpserver.small_receive_buffer(sock)
+print(sock.getsockname()[1], flush=True)
+uvicorn.Server(httpserver.config(create_app(AgentState("gpu-node-1", "training", interval=10)))).run(sockets=[sock])
+"""
+
+
+def test_healthz_answers_while_many_clients_pipeline_and_never_read():
+    """200 connections write pipelined requests for 6 s and read nothing: a probe that sends one
+    request at a time is answered throughout (the server and the clients each in a process of
+    their own, as the agent and its attackers are)."""
+    import statistics
+    import subprocess
+    import sys
+
+    server = subprocess.Popen([sys.executable, "-c", SERVER.format(repo=str(REPO))], stdout=subprocess.PIPE, text=True)
+    attack = None
+    try:
+        port = int(server.stdout.readline())
+        deadline = time.monotonic() + 20
+        while True:
+            try:
+                with socket.create_connection(("127.0.0.1", port), timeout=1):
+                    break
+            except OSError:
+                assert time.monotonic() < deadline
+                time.sleep(0.05)
+        attack = subprocess.Popen([sys.executable, "-c", ATTACKER, str(port), "200", "6"], stdout=subprocess.PIPE,
+                                  text=True)
+        assert attack.stdout.readline().strip() == "connected"
+        took = []
+        t0 = time.monotonic()
+        while time.monotonic() - t0 < 5:
+            t = time.monotonic()
+            conn = http.client.HTTPConnection("127.0.0.1", port, timeout=5)
+            try:
+                conn.request("GET", "/healthz")
+                assert conn.getresponse().status == 200
+            finally:
+                conn.close()
+            took.append(time.monotonic() - t)
+            time.sleep(0.25)
+        assert len(took) >= 5 and statistics.median(took) < 1.0, took
+    finally:
+        for p in (attack, server):
+            if p is not None:
+                p.kill()
+                p.wait()

@@ -19,13 +19,13 @@ def counted(monkeypatch):
     reads: Counter[str] = Counter()
     real_bytes, real_text = HostFS.read_bytes, HostFS.read_text
 
-    def read_bytes(self, p):
+    def read_bytes(self, p, **kw):
         reads[p] += 1
-        return real_bytes(self, p)
+        return real_bytes(self, p, **kw)
 
-    def read_text(self, p):
+    def read_text(self, p, **kw):
         reads[p] += 1
-        return real_text(self, p)
+        return real_text(self, p, **kw)
 
     monkeypatch.setattr(HostFS, "read_bytes", read_bytes)
     monkeypatch.setattr(HostFS, "read_text", read_text)

@@ -18,7 +18,8 @@ from gpu_tune.tune.knobs.allocator import AllocatorKnob, find_host_jemalloc
 from gpu_tune.tune.knobs.base import Context
 from gpu_tune.tune.knobs.gpu_persistence import GpuPersistenceKnob
 from gpu_tune.tune.knobs.irq_affinity import IrqAffinityKnob
-from gpu_tune.tune.policy import Profile, load_profile
+from gpu_tune.tune.profile import Profile
+from gpu_tune.tune.policy import load_profile
 from tests.fixtures import pcigen
 
 N0 = "0-55,112-167"
@@ -247,10 +248,15 @@ def test_allocator_previous_bytes_and_ld_so_preload(make_host):
     assert (root / "etc/ld.so.preload").read_text() == "/usr/lib/libfoo.so\n"
 
 
-def test_allocator_no_jemalloc_is_unsupported(make_host):
+def test_allocator_no_jemalloc_is_an_error_in_the_probes_words(make_host):
+    """A host without the library the profile preloads cannot be brought to the profile: an
+    error row (not compliant), worded as the probe words the same missing library."""
+    from gpu_tune.launch.runner import LOCAL_JEMALLOC_MISSING
+
     root = make_host("no-jemalloc")
     rows = AllocatorKnob().read(ctx_for(root, load_profile("training")))
-    assert [(r.status, r.current) for r in rows] == [("unsupported", "absent")]
+    assert [(r.status, r.current) for r in rows] == [("error", "absent")]
+    assert rows[0].detail.split(":", 1)[1] == LOCAL_JEMALLOC_MISSING.split(":", 1)[1]
     assert "apt-get install libjemalloc2" in rows[0].detail and "dnf install jemalloc" in rows[0].detail
     with pytest.raises(HostError):
         AllocatorKnob().apply(ctx_for(root, load_profile("training")), rows[0])
@@ -270,7 +276,7 @@ def test_irq_rows_are_errors_when_the_node_cpulist_is_unreadable(make_host, gpu_
     from gpu_tune.host.fs import HostFS
     from gpu_tune.tune.knobs.base import Context
     from gpu_tune.tune.knobs.irq_affinity import IrqAffinityKnob
-    from gpu_tune.tune.policy import Profile
+    from gpu_tune.tune.profile import Profile
 
     root = make_host("link-degraded")
     (root / "sys/devices/system/node/node0/cpulist").write_text("garbage-x\n")

@@ -201,7 +201,7 @@ def test_topology_annotation_bounded():
 def _summary_facts(*, temp: float = 91.0, util: float = 85.0, launch: float = 41234.5, fp: str = "3f2a9c1d",
                    swappiness: str = "60"):
     """A not-ready node: drift, a hot GPU with a link trained down under load, a failed probe."""
-    from gpu_tune.tune.policy import Profile
+    from gpu_tune.tune.profile import Profile
     from gpu_tune.judge.readiness import verdict
 
     from .fixtures.probes import probe_result, probe_verdict

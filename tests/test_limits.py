@@ -11,7 +11,8 @@ from gpu_tune.tune.engine import apply, audit, make_context, plan
 from gpu_tune.host.fs import HostFS
 from gpu_tune.tune.journal import Journal
 from gpu_tune.tune.knobs import fixable
-from gpu_tune.tune.policy import Profile, load_profile
+from gpu_tune.tune.profile import Profile
+from gpu_tune.tune.policy import load_profile
 from tests.conftest import snapshot_tree
 from tests.fixtures.hostgen import proc_limits
 

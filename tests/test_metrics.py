@@ -11,7 +11,7 @@ from prometheus_client.parser import text_string_to_metric_families
 from gpu_tune import __version__
 from gpu_tune.serve.snapshot import CollectorStatus, Snapshot
 from gpu_tune.serve.metrics import FAMILIES, GPU_LABELS, SnapshotCollector, make_registry, nvml_bus_id, render_metrics
-from gpu_tune.tune.policy import Profile
+from gpu_tune.tune.profile import Profile
 from gpu_tune.judge.readiness import verdict
 
 from .fixtures.probes import PEER_GROUP, count_series, probe_result, probe_verdict, probed_pass

@@ -114,3 +114,25 @@ def test_probe_defaults_are_fixed_work():
     p = load_profile("training").probe
     assert (p.train_steps, p.train_batch_size, p.batch_size, p.seed) == (80, 64, 256, 0)
     assert p.device_batch_size is None and p.window_seconds is None
+
+
+def test_a_profile_of_its_own_folder_includes_a_shipped_one(tmp_path, monkeypatch):
+    """A node's own profile, in a folder of its own (--policy-dir), includes the shipped
+    training.yaml (found among the shipped profiles when its folder has none), keeps its own name
+    and changes only what it says."""
+    from gpu_tune.tune.policy import load_profile, shipped_policy_dir
+
+    monkeypatch.setenv("GPU_TUNE_POLICY_DIR", str(tmp_path))  # the env var must not hide the shipped ones
+    (tmp_path / "laptop.yaml").write_text("include: training.yaml\nsummary: mine\nsysctl:\n  vm.swappiness: 60\n")
+    mine, shipped = load_profile("laptop", tmp_path), load_profile("training", shipped_policy_dir())
+    assert mine.name == "laptop" and mine.summary == "mine" and mine.sysctl["vm.swappiness"] == 60
+    assert {k: v for k, v in mine.sysctl.items() if k != "vm.swappiness"} == {
+        k: v for k, v in shipped.sysctl.items() if k != "vm.swappiness"}
+    assert mine.thp == shipped.thp and mine.allocator == shipped.allocator
+    # a file of the same name in the folder wins over the shipped one
+    (tmp_path / "training.yaml").write_text("include: _base.yaml\nsysctl:\n  vm.swappiness: 7\n")
+    assert load_profile("laptop", tmp_path).sysctl["vm.swappiness"] == 60
+    assert load_profile("training", tmp_path).sysctl["vm.swappiness"] == 7
+    (tmp_path / "broken.yaml").write_text("include: nowhere.yaml\n")
+    with pytest.raises(Exception, match="nowhere.yaml.*no such policy file"):
+        load_profile("broken", tmp_path)

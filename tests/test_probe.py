@@ -18,7 +18,7 @@ import pytest
 
 from gpu_tune.judge import probe
 from gpu_tune.errors import InputError
-from gpu_tune.tune.policy import ProbePolicy
+from gpu_tune.tune.profile import ProbePolicy
 
 ROOT = Path(__file__).resolve().parent.parent
 JEMALLOC = next((p for p in ("/usr/lib/x86_64-linux-gnu/libjemalloc.so.2", "/usr/lib64/libjemalloc.so.2",
@@ -260,7 +260,7 @@ class MigBackend:
 
 
 def test_mig_enabled_gpu_is_skipped_with_a_reason_never_failed(runner, fake):
-    from gpu_tune.tune.policy import Profile
+    from gpu_tune.tune.profile import Profile
 
     backend = MigBackend(mig=[1])
     t0, t1 = probe.plan_targets(_topo(_gpu(0), _gpu(1)), Profile(name="t"), backend, gpu="all", device="auto")
@@ -294,11 +294,28 @@ def test_known_gpu_model_is_judged_by_pci_id(fake, tmp_path):
 
 
 def test_an_unmeasured_target_is_reported_not_a_gate(fake):
-    """The shipped H100 numbers are targets nobody measured yet: they must not fail a node."""
-    t = _target("0", gpu_index=0, pci="0x2330", env={"FAKE_IPS": "1200"})
+    """The shipped H100 PCIe numbers are targets nobody measured yet: they must not fail a node."""
+    t = _target("0", gpu_index=0, pci="0x2331", env={"FAKE_IPS": "1200"})
     (v,) = _run([t], module=fake, baselines=probe.load_baselines(ROOT / "policies"), policy=ProbePolicy(retries=0))
     assert v.status == "passed"
     assert any("1.2% of the 100000 images/s target" in n and "not judged" in n for n in v.notes)
+
+
+def test_the_measured_h100_device_bound_baseline_is_a_gate_its_launch_bound_is_not(fake):
+    """The H100 80GB HBM3's device-bound median was measured on a healthy node: a GPU far below it
+    fails; its launch-bound median is measured idle only, so it is reported, not judged."""
+    base = probe.load_baselines(ROOT / "policies").for_gpu("NVIDIA H100 80GB HBM3", "0x2330")
+    assert base.measured and base.device_bound.measured is None and base.launch_bound.measured is False
+    t = _target("0", gpu_index=0, pci="0x2330", env={"FAKE_IPS": "1200"})
+    (v,) = _run([t], module=fake, baselines=probe.load_baselines(ROOT / "policies"), policy=ProbePolicy(retries=0))
+    assert v.status == "failed"
+    assert any("device-bound training throughput" in r and "1.43454e+06" in r for r in v.reasons), v.reasons
+    assert not any("launch-bound" in r for r in v.reasons)
+    assert any("409609 images/s target" in n and "not judged" in n for n in v.notes), v.notes
+    # a healthy H100's figures pass
+    ok = _target("0", gpu_index=0, pci="0x2330", env={"FAKE_IPS": "1200", "FAKE_DEVICE_IPS": "1400000"})
+    (v,) = _run([ok], module=fake, baselines=probe.load_baselines(ROOT / "policies"), policy=ProbePolicy(retries=0))
+    assert v.status == "passed", v.reasons
 
 
 def test_cpu_fallback_while_gpu_asked_fails(fake):
@@ -327,7 +344,11 @@ def test_numa_binding_verified_from_inside(fake):
 def test_jemalloc_required(fake):
     pol = ProbePolicy(require_jemalloc=True)
     (no,) = _run([_target()], module=fake, policy=pol)
-    assert no.status == "failed" and "jemalloc is required" in no.reasons[0]
+    # nothing preloaded: the reason is the audit's sentence for a missing library
+    assert no.status == "failed" and "jemalloc is not installed" in no.reasons[0]
+    assert "apt-get install libjemalloc2" in no.reasons[0]
+    (bad,) = _run([_target(env={"LD_PRELOAD": "/nonexistent/libjemalloc.so.2"})], module=fake, policy=pol)
+    assert bad.status == "failed" and "jemalloc is required but not mapped" in bad.reasons[0]
     (yes,) = _run([_target(env={"LD_PRELOAD": JEMALLOC})], module=fake, policy=pol)
     assert yes.status == "passed" and yes.result["host"]["jemalloc_mapped"] is True
 
@@ -424,14 +445,15 @@ def test_render_table(fake):
 
     vs = _run([_target(), _target(env={"FAKE_MODE": "crash"})], module=fake)
     con = Console(record=True, width=200)
-    con.print(probe.render_probe_table(vs))
+    from gpu_tune.views.probe import render_probe_table
+    con.print(render_probe_table(vs))
     text = con.export_text()
     assert "passed" in text and "crashed" in text and "0.9500" in text
 
 
 # -- planning -------------------------------------------------------------------------------------
 def _topo(*gpus, nodes=(0,)):
-    from gpu_tune.discover.topology import NumaNode, Topology
+    from gpu_tune.discover.model import NumaNode, Topology
 
     cpus = sorted(MY_CPUS)
     per = max(1, len(cpus) // len(nodes))
@@ -441,7 +463,7 @@ def _topo(*gpus, nodes=(0,)):
 
 
 def _gpu(i, node=0, index=True):
-    from gpu_tune.discover.topology import PciDevice
+    from gpu_tune.discover.model import PciDevice
 
     return PciDevice(address=f"0000:{i + 1:02x}:00.0", kind="gpu", vendor="0x10de", device="0x2330",
                      pci_class="0x030200", numa_node=node, numa_source="firmware", local_cpus=MY_CPUS,
@@ -462,7 +484,7 @@ def test_plan_cpu_target_runs_unbound_on_our_cpus(runner):
 
 
 def test_plan_gpu_targets_and_bad_index(runner):
-    from gpu_tune.tune.policy import Profile
+    from gpu_tune.tune.profile import Profile
 
     topo = _topo(_gpu(0), _gpu(1))
     ts = probe.plan_targets(topo, Profile(name="t"), None, gpu="all", device="auto")
@@ -473,7 +495,7 @@ def test_plan_gpu_targets_and_bad_index(runner):
 
 
 def test_plan_gpu_on_cpu_only_host(runner):
-    from gpu_tune.tune.policy import Profile
+    from gpu_tune.tune.profile import Profile
 
     (t,) = probe.plan_targets(_topo(), Profile(name="t"), None, gpu=None, device="gpu")
     assert t.device == "gpu" and t.gpu_index is None
@@ -482,7 +504,7 @@ def test_plan_gpu_on_cpu_only_host(runner):
 
 
 def test_plan_skips_unindexed_gpus_and_notes_unknown_node(runner):
-    from gpu_tune.tune.policy import Profile
+    from gpu_tune.tune.profile import Profile
 
     topo = _topo(_gpu(0, node=None), _gpu(1, index=False))
     (t,) = probe.plan_targets(topo, Profile(name="t"), None, gpu=None, device="auto")
@@ -491,7 +513,7 @@ def test_plan_skips_unindexed_gpus_and_notes_unknown_node(runner):
 
 
 def test_plan_cpu_target_on_a_requested_node_and_with_jemalloc(runner):
-    from gpu_tune.tune.policy import Profile
+    from gpu_tune.tune.profile import Profile
 
     prof = Profile(name="t", allocator={"preload": "jemalloc", "malloc_conf": "background_thread:true"})
     (t,) = probe.plan_targets(_topo(), prof, None, gpu=None, device="cpu", numa_node=0)
@@ -507,7 +529,7 @@ def test_plan_cpu_target_on_a_requested_node_and_with_jemalloc(runner):
 @pytest.mark.skipif(not os.path.exists("/sys/devices/system/node/node0"), reason="no NUMA sysfs")
 def test_planned_gpu_target_is_bound_and_verified_end_to_end(runner, fake):
     """plan_targets -> numactl (or the python binder) -> the probe reads its own binding."""
-    from gpu_tune.tune.policy import Profile
+    from gpu_tune.tune.profile import Profile
 
     prof = Profile(name="t", allocator={"preload": "jemalloc"})
     (t,) = probe.plan_targets(_topo(_gpu(0)), prof, None, gpu="0", device="auto")
@@ -620,7 +642,7 @@ def test_gpu_on_a_node_outside_our_cpuset_is_an_error_without_a_process(runner, 
     """A pod pinned away from a GPU's NUMA node: say so plainly instead of numactl's usage text."""
     from gpu_tune.gpu import select_backend
     from gpu_tune.host.fs import HostFS
-    from gpu_tune.tune.policy import Profile
+    from gpu_tune.tune.profile import Profile
     from gpu_tune.discover.topology import discover
 
     mems = probe._allowed_mems()

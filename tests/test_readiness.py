@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 from gpu_tune.gpu.base import GpuInfo
-from gpu_tune.tune.policy import Profile
+from gpu_tune.tune.profile import Profile
 from gpu_tune.judge.readiness import BUSY_UTILIZATION_PERCENT, FATAL_XIDS, Check, Verdict, gpu_problems, verdict
 
 

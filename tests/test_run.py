@@ -16,7 +16,8 @@ from gpu_tune.launch import runner
 from gpu_tune.errors import InputError
 from gpu_tune.gpu import select_backend
 from gpu_tune.host.fs import HostFS
-from gpu_tune.tune.policy import Profile, load_profile
+from gpu_tune.tune.profile import Profile
+from gpu_tune.tune.policy import load_profile
 from gpu_tune.launch.runner import Binding, bind_prefix, binding_for, workload_env
 from gpu_tune.discover.topology import discover
 from tests.fixtures import pcigen

@@ -19,7 +19,7 @@ from fastapi.testclient import TestClient
 
 from gpu_tune.serve.app import create_app
 from gpu_tune.errors import HostError, InputError
-from gpu_tune.tune.policy import Profile
+from gpu_tune.tune.profile import Profile
 from gpu_tune.serve.agent import Agent
 from gpu_tune.serve.options import ServeOptions
 from gpu_tune.serve.stages import Stages

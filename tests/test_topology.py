@@ -13,7 +13,8 @@ from rich.console import Console
 
 from gpu_tune.gpu import select_backend
 from gpu_tune.host.fs import HostFS
-from gpu_tune.discover.topology import discover, normalize_bus_id
+from gpu_tune.host.parse import normalize_bus_id
+from gpu_tune.discover.topology import discover
 from gpu_tune.views.topology import render_topology
 from tests.fixtures import pcigen
 

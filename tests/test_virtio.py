@@ -15,7 +15,7 @@ from gpu_tune.tune.engine import apply, audit, make_context, revert
 from gpu_tune.gpu import select_backend
 from gpu_tune.host.fs import HostFS
 from gpu_tune.tune.knobs.base import Context
-from gpu_tune.tune.policy import Profile
+from gpu_tune.tune.profile import Profile
 from gpu_tune.discover.topology import discover, pci_function_of
 from gpu_tune.views.topology import render_topology
 from tests.conftest import snapshot_tree

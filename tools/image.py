@@ -13,7 +13,7 @@ The podman flags are the ones a machine without a Docker engine and with hybrid 
 build machine's CA bundle and /etc/pip.conf are mounted into the build only when present there,
 never copied into the image. Without --python-image: python:3.11-slim-bookworm if podman has it,
 else, where mmdebstrap is installed, an equivalent Debian bookworm base built locally
-(localhost/debian-py:bookworm), else python:3.11-slim-bookworm pulled from its registry.
+(localhost/debian-py:bookworm-slim), else python:3.11-slim-bookworm pulled from its registry.
 """
 
 from __future__ import annotations
@@ -30,7 +30,14 @@ from pathlib import Path
 
 ROOT = Path(__file__).resolve().parent.parent
 DEFAULT_BASE = "python:3.11-slim-bookworm"
-LOCAL_BASE = "localhost/debian-py:bookworm"
+LOCAL_BASE = "localhost/debian-py:bookworm-slim"
+# What python:3.11-slim-bookworm leaves out, left out here too: documentation, manual pages and
+# translations (dpkg's path-exclude, kept in the image so later apt-get installs skip them too),
+# and apt's package lists.
+SLIM_DPKG = ["path-exclude=/usr/share/doc/*", "path-include=/usr/share/doc/*/copyright",
+             "path-exclude=/usr/share/man/*", "path-exclude=/usr/share/info/*",
+             "path-exclude=/usr/share/locale/*", "path-include=/usr/share/locale/locale.alias",
+             "path-exclude=/usr/share/lintian/*"]
 # What the build context holds (the .dockerignore allow-list): copied for --code-change.
 CONTEXT = ["Dockerfile", ".dockerignore", "pyproject.toml", "README.md", "gpu_tune",
            "policies", "requirements", "data"]
@@ -59,14 +66,19 @@ def image_exists(ref: str) -> bool:
 
 
 def local_base(log=sys.stderr) -> str:
-    """localhost/debian-py:bookworm, made with mmdebstrap if podman does not have it yet."""
+    """localhost/debian-py:bookworm-slim, made with mmdebstrap if podman does not have it yet."""
     if image_exists(LOCAL_BASE):
         return LOCAL_BASE
     with tempfile.TemporaryDirectory(prefix="gpu-tune-base-") as tmp:
         tar = os.path.join(tmp, "base.tar")
         print(f"building {LOCAL_BASE} with mmdebstrap (Debian bookworm, python3)", file=log)
-        subprocess.run(["mmdebstrap", "--quiet", "--variant=minbase",
+        # merged-usr: /usr merged by mmdebstrap itself, as in python:3.11-slim, instead of
+        # Debian's usrmerge package (which pulls Perl, ~50 MB, into the image)
+        hooks = [f"--hook-dir={d}" for d in ("/usr/share/mmdebstrap/hooks/merged-usr",) if os.path.isdir(d)]
+        subprocess.run(["mmdebstrap", "--quiet", "--variant=minbase", *hooks,
+                        *[f"--dpkgopt={o}" for o in SLIM_DPKG],
                         "--include=python3,python3-venv,ca-certificates,python-is-python3",
+                        "--customize-hook=rm -rf \"$1\"/var/lib/apt/lists/* \"$1\"/var/cache/apt/*.bin",
                         "bookworm", tar], check=True)
         podman("import", tar, LOCAL_BASE)
     return LOCAL_BASE
@@ -94,6 +106,7 @@ def build(context: Path, flavour: str, tag: str, base: str, log_path: Path,
     cmd += ["--build-arg", f"PYTHON_IMAGE={base}", "--build-arg", f"FLAVOUR={flavour}",
             "-t", tag, str(context)]
     t0 = time.monotonic()
+    Path(log_path).parent.mkdir(parents=True, exist_ok=True)
     with open(log_path, "w") as log:
         rc = subprocess.run(cmd, stdout=log, stderr=subprocess.STDOUT).returncode
     took = time.monotonic() - t0
@@ -148,30 +161,78 @@ def layers(tag: str, base: str | None = None) -> list[dict]:
     return rows
 
 
+SIZE_CACHE = Path(os.environ.get("XDG_CACHE_HOME") or Path.home() / ".cache") / "gpu-tune" / "layer-gzip6.json"
+
+
+def _gzip_size(blob: str) -> int:
+    """gzip -6 bytes of a file (pigz, gzip's parallel twin, where installed: the same deflate
+    level, on every core)."""
+    tool = ["pigz", "-6", "-c"] if shutil.which("pigz") else ["gzip", "-6", "-c"]
+    gz = subprocess.Popen([*tool, blob], stdout=subprocess.PIPE)
+    n = 0
+    while chunk := gz.stdout.read(1 << 20):
+        n += len(chunk)
+    gz.wait()
+    return n
+
+
 def compressed_sizes(tag: str, want: set[str] | None = None) -> dict[str, int]:
-    """gzip -6 size of each layer tar (or only those in want), keyed by diff digest."""
-    out: dict[str, int] = {}
+    """gzip -6 size of each layer tar (or only those in want), keyed by diff digest.
+
+    A layer's diff digest is the SHA-256 of its uncompressed tar, so its gzip -6 size never
+    changes: sizes are kept in :data:`SIZE_CACHE`, and only layers not measured before are saved
+    and compressed (a code-only change measures one small layer)."""
+    try:
+        cache = json.loads(SIZE_CACHE.read_text())
+    except (OSError, ValueError):
+        cache = {}
+    ids = json.loads(podman("image", "inspect", tag).stdout)[0]["RootFS"]["Layers"]
+    wanted = [d for d in ids if want is None or d in want]
+    out = {d: int(cache[d]) for d in wanted if isinstance(cache.get(d), int)}
+    if len(out) == len(wanted):
+        return out
     with tempfile.TemporaryDirectory(prefix="gpu-tune-save-", dir=os.environ.get("TMPDIR")) as tmp:
         d = os.path.join(tmp, "img")
         podman("save", "--format", "docker-dir", "-o", d, tag)
         manifest = json.loads(Path(d, "manifest.json").read_text())
         config = json.loads(Path(d, manifest["config"]["digest"].split(":")[1]).read_text())
         for layer, diff_id in zip(manifest["layers"], config["rootfs"]["diff_ids"]):
-            if want is not None and diff_id not in want:
+            if diff_id not in wanted or diff_id in out:
                 continue
             blob = os.path.join(d, layer["digest"].split(":")[1])
             with open(blob, "rb") as fh:
                 magic = fh.read(2)
-            if magic == b"\x1f\x8b":  # already compressed
-                out[diff_id] = os.path.getsize(blob)
-                continue
-            gz = subprocess.Popen(["gzip", "-6", "-c", blob], stdout=subprocess.PIPE)
-            n = 0
-            while chunk := gz.stdout.read(1 << 20):
-                n += len(chunk)
-            gz.wait()
-            out[diff_id] = n
+            out[diff_id] = os.path.getsize(blob) if magic == b"\x1f\x8b" else _gzip_size(blob)
+    cache.update(out)
+    try:
+        SIZE_CACHE.parent.mkdir(parents=True, exist_ok=True)
+        tmp_path = SIZE_CACHE.with_suffix(".tmp")
+        tmp_path.write_text(json.dumps(cache, indent=0, sort_keys=True))
+        os.replace(tmp_path, SIZE_CACHE)
+    except OSError:
+        pass
     return out
+
+
+def code_change(tag: str, flavour: str, base: str, log_dir: Path) -> dict:
+    """Build the image again from a copy of the context with one agent file touched: the layers a
+    node pulls again after a code-only release, and their sizes."""
+    with tempfile.TemporaryDirectory(prefix="gpu-tune-ctx-") as tmp:
+        ctx = Path(tmp)
+        copy_context(ctx)
+        with open(ctx / "gpu_tune" / "__init__.py", "a") as fh:
+            fh.write(f"\n# code-only change {time.time_ns()}\n")
+        tag2 = tag + "-codechange"
+        took = build(ctx, flavour, tag2, base, log_dir / f"gpu-tune-image-{flavour}-2.log")
+    try:
+        rows = layers(tag2, base)
+        old = {r["digest"] for r in layers(tag, base)}
+        new = [r for r in rows if r["digest"] not in old]
+        comp = compressed_sizes(tag2, want={r["digest"] for r in new})
+    finally:
+        podman("rmi", tag2, check=False)
+    return {"seconds": took, "layers": len(rows), "pulled": new, "compressed": comp,
+            "unpacked_bytes": sum(r["size"] for r in new), "compressed_bytes": sum(comp.values())}
 
 
 def mb(n: int) -> str:
@@ -224,22 +285,11 @@ def main(argv: list[str] | None = None) -> int:
           f"(sum of layers, gzip -6), {len(rows)} layers")
     print_table(rows, comp)
     if a.code_change:
-        with tempfile.TemporaryDirectory(prefix="gpu-tune-ctx-") as tmp:
-            ctx = Path(tmp)
-            copy_context(ctx)
-            with open(ctx / "gpu_tune" / "__init__.py", "a") as fh:
-                fh.write(f"\n# code-only change {time.time_ns()}\n")
-            tag2 = tag + "-codechange"
-            took2 = build(ctx, a.flavour, tag2, base, log_dir / f"gpu-tune-image-{a.flavour}-2.log")
-        rows2 = layers(tag2, base)
-        old = {r["digest"] for r in rows}
-        new = [r for r in rows2 if r["digest"] not in old]
-        comp2 = compressed_sizes(tag2, want={r["digest"] for r in new})
-        print(f"code-only change: rebuilt in {took2:.0f} s; {len(rows2) - len(new)} of {len(rows2)} "
-              f"layers unchanged; a node pulls {len(new)} layer(s) again: "
-              f"{mb(sum(r['size'] for r in new))} unpacked, {mb(sum(comp2.values()))} compressed")
-        print_table(new, comp2)
-        podman("rmi", tag2, check=False)
+        cc = code_change(tag, a.flavour, base, log_dir)
+        print(f"code-only change: rebuilt in {cc['seconds']:.0f} s; {cc['layers'] - len(cc['pulled'])} of "
+              f"{cc['layers']} layers unchanged; a node pulls {len(cc['pulled'])} layer(s) again: "
+              f"{mb(cc['unpacked_bytes'])} unpacked, {mb(cc['compressed_bytes'])} compressed")
+        print_table(cc["pulled"], cc["compressed"])
     return 0
 
 

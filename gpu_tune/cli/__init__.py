@@ -1,5 +1,13 @@
-"""The ``gpu-tune`` command (and the ``kubectl-gpu_tune`` plugin): thin commands over the stages."""
+"""The ``gpu-tune`` command (and the ``kubectl-gpu_tune`` plugin): thin commands over the stages.
 
-from gpu_tune.cli.app import main
+The command modules do not use ``from __future__ import annotations``: typer reads their
+annotations as objects.
+
+:mod:`~gpu_tune.cli.app` holds the typer app, the global options and the error handling;
+:mod:`~gpu_tune.cli.host`, :mod:`~gpu_tune.cli.judge`, :mod:`~gpu_tune.cli.cluster` and
+:mod:`~gpu_tune.cli.serve` the commands of each stage; :mod:`~gpu_tune.cli.main` the entry point.
+"""
+
+from gpu_tune.cli.main import main
 
 __all__ = ["main"]

@@ -301,6 +301,11 @@ def gain_summary(gain: Mapping[str, Any] | None) -> dict[str, Any] | None:
     if rows and all(None not in r for r in rows):
         r, lo, hi = sorted(rows)[(len(rows) - 1) // 2]  # the median target, with its own interval
         out["ratio"], out["ci95"] = round(r, 2), [round(lo, 2), round(hi, 2)]
+    from gpu_tune.judge.gain.measure import family_verdicts
+
+    fams = family_verdicts(gain)
+    if fams:  # measured per setting family (profile gain.per_setting): each family's verdict
+        out["families"] = dict(sorted(fams.items()))
     return out
 
 

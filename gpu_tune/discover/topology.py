@@ -33,10 +33,12 @@ from __future__ import annotations
 import logging
 import re
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING, Any, Iterable, Literal
+from typing import TYPE_CHECKING, Any, Iterable
 
+from gpu_tune.discover.model import NumaNode, NumaSource, PciDevice, Topology, nic_name
 from gpu_tune.errors import HostError
-from gpu_tune.host.parse import (MAX_CPU, ParseError, format_cpulist, irqs_named, parse_cpulist, parse_cpumask, parse_int,
+from gpu_tune.host.fs import TABLE_READ_CAP, NotAFile
+from gpu_tune.host.parse import (MAX_CPU, normalize_bus_id, ParseError, format_cpulist, irqs_named, parse_cpulist, parse_cpumask, parse_int,
                     parse_interrupts, parse_link_speed, parse_link_width, parse_meminfo)
 
 if TYPE_CHECKING:  # pragma: no cover
@@ -57,155 +59,6 @@ VIRTIO_RE = re.compile(r"^virtio\d+$")
 NVIDIA_VENDOR = "0x10de"
 GPU_CLASS_PREFIXES = ("0x0300", "0x0302")  # VGA-compatible, 3D controller
 
-NumaSource = Literal["firmware", "local_cpulist", "unknown"]
-
-
-def normalize_bus_id(bus_id: str) -> str:
-    """NVML's ``00000000:18:00.0`` (or ``0000:18:00.0``, any case) -> sysfs ``0000:18:00.0``."""
-    s = bus_id.strip().lower()
-    parts = s.split(":")
-    if len(parts) == 3:
-        dom = parts[0][-4:].rjust(4, "0")
-        return f"{dom}:{parts[1].rjust(2, '0')}:{parts[2]}"
-    if len(parts) == 2:  # "18:00.0" without a domain
-        return f"0000:{parts[0].rjust(2, '0')}:{parts[1]}"
-    return s
-
-
-@dataclass(frozen=True)
-class NumaNode:
-    id: int
-    cpus: frozenset[int]
-    memory_total_kib: int | None
-    distances: tuple[int, ...]
-
-
-@dataclass(frozen=True)
-class PciDevice:
-    address: str
-    kind: Literal["gpu", "nic"]
-    vendor: str
-    device: str
-    pci_class: str
-    numa_node: int | None
-    numa_source: NumaSource
-    local_cpus: frozenset[int]
-    link_gen_current: int | None
-    link_gen_max: int | None
-    link_width_current: int | None
-    link_width_max: int | None
-    irqs: tuple[int, ...]
-    names: tuple[str, ...] = ()
-    gpu_index: int | None = None
-    gpu_name: str | None = None
-    gpu_uuid: str | None = None
-    rdma: bool = False  # a NIC with an RDMA (infiniband) device
-    mig_mode: bool | None = None  # a GPU's MIG mode (None: no MIG, or not known)
-    mig_mode_pending: bool | None = None
-    virtio: str | None = None  # a virtio-net NIC: its virtio device under the PCI function
-
-    @property
-    def link_degraded(self) -> bool:
-        """The link trained narrower than both ends can do (x8 of x16): a fault at any load.
-
-        A lower *generation* alone is not a fault here: GPUs and NICs drop the link speed when
-        idle to save power (see :attr:`link_gen_below_max`); readiness judges it under load.
-        """
-        return (self.link_width_current is not None and self.link_width_max is not None
-                and self.link_width_current < self.link_width_max)
-
-    @property
-    def link_gen_below_max(self) -> bool:
-        return (self.link_gen_current is not None and self.link_gen_max is not None
-                and self.link_gen_current < self.link_gen_max)
-
-    @property
-    def label(self) -> str:
-        if self.kind == "gpu":
-            return f"GPU {self.gpu_index} ({self.address})" if self.gpu_index is not None else f"GPU {self.address}"
-        return f"NIC {self.names[0] if self.names else ''} ({self.address})".replace(" ()", "")
-
-    def pcie_dict(self) -> dict[str, Any]:
-        return {"gen_current": self.link_gen_current, "gen_max": self.link_gen_max,
-                "width_current": self.link_width_current, "width_max": self.link_width_max,
-                "degraded": self.link_degraded, "gen_below_max": self.link_gen_below_max}
-
-
-@dataclass(frozen=True)
-class Topology:
-    numa_nodes: tuple[NumaNode, ...]
-    cpus_online: frozenset[int]
-    sockets: int
-    cpu_model: str
-    gpus: tuple[PciDevice, ...]
-    nics: tuple[PciDevice, ...]
-    gpu_local_nics: dict[str, tuple[str, ...]] = field(default_factory=dict)  # GPU address -> NIC names
-    warnings: tuple[str, ...] = ()
-    driver_version: str | None = None
-    cuda_driver_version: str | None = None  # the newest CUDA the driver supports ("12.8")
-    probe_runtime: dict[str, Any] | None = None  # gpu_tune.gpu.cuda.FrameworkBuild.as_dict()
-
-    def gpu(self, index: int) -> PciDevice | None:
-        for g in self.gpus:
-            if g.gpu_index == index:
-                return g
-        return None
-
-    def node(self, id: int) -> NumaNode | None:  # noqa: A002 - the kernel's word
-        for n in self.numa_nodes:
-            if n.id == id:
-                return n
-        return None
-
-    def node_cpus(self, id: int) -> frozenset[int]:
-        n = self.node(id)
-        return n.cpus if n is not None else frozenset()
-
-    def as_dict(self) -> dict[str, Any]:
-        """The JSON document of ``gpu-tune topology -o json`` and ``GET /topology``."""
-        nodes = []
-        for n in self.numa_nodes:
-            nodes.append({
-                "id": n.id, "cpus": format_cpulist(n.cpus), "cpu_count": len(n.cpus),
-                "memory_total_kib": n.memory_total_kib, "distances": list(n.distances),
-                "gpus": [g.gpu_index if g.gpu_index is not None else g.address
-                         for g in self.gpus if g.numa_node == n.id],
-                "nics": [_nic_name(d) for d in self.nics if d.numa_node == n.id],
-            })
-        gpus = []
-        for g in self.gpus:
-            gpus.append({
-                "index": g.gpu_index, "uuid": g.gpu_uuid, "name": g.gpu_name, "pci_bus_id": g.address,
-                "vendor": g.vendor, "device": g.device,
-                "numa_node": g.numa_node, "numa_source": g.numa_source,
-                "local_cpus": format_cpulist(g.local_cpus), "pcie": g.pcie_dict(),
-                "irq_count": len(g.irqs), "irqs": format_cpulist(g.irqs),
-                "local_nics": list(self.gpu_local_nics.get(g.address, ())),
-                "mig_mode": g.mig_mode, "mig_mode_pending": g.mig_mode_pending,
-            })
-        nics = []
-        for d in self.nics:
-            nics.append({
-                "name": _nic_name(d), "names": list(d.names), "pci_bus_id": d.address,
-                "kind": "rdma" if d.rdma else "net", "vendor": d.vendor, "device": d.device,
-                "virtio": d.virtio, "numa_node": d.numa_node, "numa_source": d.numa_source,
-                "local_cpus": format_cpulist(d.local_cpus), "pcie": d.pcie_dict(), "irq_count": len(d.irqs),
-                "irqs": format_cpulist(d.irqs),
-            })
-        return {
-            "numa_nodes": nodes, "cpus_online": format_cpulist(self.cpus_online),
-            "cpu_count": len(self.cpus_online), "sockets": self.sockets, "cpu_model": self.cpu_model,
-            "gpus": gpus, "nics": nics, "warnings": list(self.warnings),
-            "driver_version": self.driver_version, "cuda_driver_version": self.cuda_driver_version,
-            "probe_runtime": self.probe_runtime,
-        }
-
-
-def _nic_name(d: PciDevice) -> str:
-    return d.names[0] if d.names else d.address
-
-
-# -- reading pieces -------------------------------------------------------------------------------
 def _cpulist(text: str | None) -> frozenset[int] | None:
     if text is None:
         return None
@@ -258,7 +111,7 @@ def _numa_nodes(fs: "HostFS", cpus_online: frozenset[int], warnings: list[str]) 
 def _cpu_model_and_sockets(fs: "HostFS", cpus_online: frozenset[int]) -> tuple[str, int]:
     model = None
     packages: set[str] = set()
-    text = fs.read_optional("/proc/cpuinfo") or ""
+    text = fs.read_optional("/proc/cpuinfo", limit=TABLE_READ_CAP) or ""
     for line in text.splitlines():
         if ":" not in line:
             continue
@@ -389,11 +242,32 @@ def _gpu_infos(gpus: Any) -> tuple[list["GpuInfo"], Any]:
     return list(gpus), None
 
 
+class _Noting:
+    """The host as discovery reads it: a file refused for what it is or its size (a FIFO, a
+    device, a 2 GB file where a one-line file should be) is left unknown, as a missing one is,
+    and named in the warnings."""
+
+    def __init__(self, fs: "HostFS", warnings: list[str]) -> None:
+        self._fs = fs
+        self._warnings = warnings
+
+    def __getattr__(self, name: str) -> Any:
+        return getattr(self._fs, name)
+
+    def read_optional(self, host_path: str, **kw: Any) -> str | None:
+        try:
+            return self._fs.read_optional(host_path, **kw)
+        except NotAFile as exc:
+            self._warnings.append(str(exc))
+            return None
+
+
 # -- discover -----------------------------------------------------------------------------------
 def discover(fs: "HostFS", gpus: "GpuBackend | Iterable[GpuInfo] | None" = None) -> Topology:
     """Read the topology of the host under ``fs.root``. Never raises for a missing file: what
     cannot be read is left unknown and named in ``warnings``."""
     warnings: list[str] = []
+    fs = _Noting(fs, warnings)  # type: ignore[assignment]
     cpus_online = _online_cpus(fs, warnings)
     nodes = _numa_nodes(fs, cpus_online, warnings)
     model, sockets = _cpu_model_and_sockets(fs, cpus_online)
@@ -475,7 +349,7 @@ def discover(fs: "HostFS", gpus: "GpuBackend | Iterable[GpuInfo] | None" = None)
         if g.numa_node is None:
             local_nics[g.address] = ()
             continue
-        local_nics[g.address] = tuple(_nic_name(n) for n in nic_devs if n.numa_node == g.numa_node)
+        local_nics[g.address] = tuple(nic_name(n) for n in nic_devs if n.numa_node == g.numa_node)
 
     driver, cuda = _driver_versions(backend, warnings)
     from gpu_tune.gpu.cuda import probe_framework_build
@@ -503,7 +377,7 @@ def _driver_versions(backend: Any, warnings: list[str]) -> tuple[str | None, str
 def _with_virtio_irqs(fs: "HostFS", nics: list[PciDevice], warnings: list[str]) -> list[PciDevice]:
     """Add the IRQs ``/proc/interrupts`` names after each virtio NIC's virtio device (read only
     when there is one: on a big node the file is megabytes)."""
-    text = fs.read_optional("/proc/interrupts")
+    text = fs.read_optional("/proc/interrupts", limit=TABLE_READ_CAP)
     if text is None:
         warnings.append("/proc/interrupts: unreadable; virtio NICs list only their msi_irqs")
         return nics

@@ -57,6 +57,7 @@ _RANGES: dict[str, tuple[float, float]] = {
 PCIE_WIDTHS = (1, 2, 4, 8, 12, 16, 32)
 MAX_DEPTH = 32
 MAX_VALUES = 1_000_000
+MAX_FILE_BYTES = 16 << 20
 
 
 def _no_constant(name: str):
@@ -111,7 +112,7 @@ def _check_types(p: Path, i: int, g: dict[str, Any]) -> None:
 
 
 def _normalize_bus_id(bus_id: str) -> str:
-    from gpu_tune.discover.topology import normalize_bus_id
+    from gpu_tune.host.parse import normalize_bus_id
 
     return normalize_bus_id(bus_id)
 
@@ -126,9 +127,12 @@ class FixtureBackend:
 
     # -- loading --------------------------------------------------------------------------------
     def _load(self) -> dict[str, Any]:
+        from gpu_tune.host.fs import read_local_file
+        from gpu_tune.strict import BadText, DuplicateKey, check_text, json_loads
+
         p = self.path
         try:
-            text = p.read_text(encoding="utf-8")
+            text = read_local_file(p, MAX_FILE_BYTES, "GPU fixture").decode("utf-8")
         except FileNotFoundError:
             raise InputError(f"--gpu-fixture {p}: no such file") from None
         except IsADirectoryError:
@@ -138,9 +142,13 @@ class FixtureBackend:
                              f"at offset {exc.start})") from None
         except OSError as exc:
             raise InputError(f"--gpu-fixture {p}: cannot read: {exc.strerror or exc}") from None
+        except ValueError as exc:  # a NUL byte in the path
+            raise InputError(f"--gpu-fixture {str(p)[:200]!r}: not a file name: {exc}") from None
         too_deep = InputError(f"{p}: JSON nested too deep for a GPU fixture (at most {MAX_DEPTH} levels)")
         try:
-            data = json.loads(text, parse_constant=_no_constant, parse_float=_finite)
+            data = json_loads(text, parse_constant=_no_constant, parse_float=_finite)
+        except DuplicateKey as exc:
+            raise InputError(f"{p}:{exc.second}: {exc}: a key is given once") from None
         except json.JSONDecodeError as exc:
             raise InputError(f"{p}:{exc.lineno}:{exc.colno}: malformed JSON: {exc.msg}") from None
         except ValueError as exc:  # NaN / Infinity, or an integer of more than 4,300 digits
@@ -152,12 +160,17 @@ class FixtureBackend:
             raise too_deep
         if nodes > MAX_VALUES:
             raise InputError(f"{p}: more than {MAX_VALUES:,} values: too large for a GPU fixture")
+        try:
+            check_text(data)
+        except BadText as exc:
+            raise InputError(f"{p}: {exc}") from None
         if not isinstance(data, dict):
             raise InputError(f"{p}: expected a JSON object with a \"gpus\" list")
         gpus = data.get("gpus", [])
         if not isinstance(gpus, list):
             raise InputError(f"{p}: gpus: expected a list")
         seen: set[int] = set()
+        owners: dict[tuple[str, str], int] = {}  # (key, value) -> the entry that has it
         for i, g in enumerate(gpus):
             if not isinstance(g, dict):
                 raise InputError(f"{p}: gpus[{i}]: expected an object")
@@ -172,7 +185,14 @@ class FixtureBackend:
             for key in ("uuid", "name", "pci_bus_id"):
                 if not isinstance(g[key], str) or not g[key]:
                     raise InputError(f"{p}: gpus[{i}].{key}: expected a non-empty string")
+                if not g[key].isprintable():  # what NVML says is plain text
+                    raise InputError(f"{p}: gpus[{i}].{key}: {g[key][:60]!r} holds a control character")
             _check_types(p, i, g)
+            for key, value in (("uuid", g["uuid"].strip().lower()), ("pci_bus_id", _normalize_bus_id(g["pci_bus_id"]))):
+                j = owners.setdefault((key, value), i)
+                if j != i:
+                    raise InputError(f"{p}: gpus[{i}].{key}: {g[key]!r} is also gpus[{j}]'s: "
+                                     f"two GPUs cannot share a {'uuid' if key == 'uuid' else 'PCI bus id'}")
             aff = g.get("cpu_affinity")
             if aff is not None:
                 try:

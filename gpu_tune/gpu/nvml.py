@@ -324,6 +324,6 @@ def _key(handle: Any) -> Any:
 
 
 def _norm(bus_id: str) -> str:
-    from gpu_tune.discover.topology import normalize_bus_id
+    from gpu_tune.host.parse import normalize_bus_id
 
     return normalize_bus_id(bus_id)

@@ -17,6 +17,14 @@ the path one component at a time (``O_PATH|O_NOFOLLOW``, ``readlink``, restartin
 an absolute link, at most 40 links) that gives the same answers. With the root ``/`` resolution
 is the ordinary one (nothing lies outside it). Errors come back as :class:`HostError` with the
 path and the reason in one line.
+
+Only regular files are read or written (the kernel's pseudo-files in /proc and /sys are regular
+files too): a FIFO, a device or a socket where a host file should be is refused on the opened
+descriptor, which is opened non-blocking, so nothing waits for a writer that never comes. Every
+read is bounded (:data:`READ_CAP` unless the caller gives a cap that suits the file): kernel files
+report sizes of 0 or 4096 whatever they hold, so the cap bounds what is read (cap + 1 bytes, then
+refused), never trusting the reported size. A file with more than one name (hard links) is never
+written: another name may lie outside the root.
 """
 
 from __future__ import annotations
@@ -25,29 +33,90 @@ import ctypes
 import errno
 import logging
 import os
-import platform
+import re
 import stat
 import tempfile
 from pathlib import Path
 
-from gpu_tune.errors import HostError, InputError
+from gpu_tune.errors import HostError, InputError, NotAFile
+from gpu_tune.host.resolve import O_CLOEXEC, O_PATH, Escape, Openat2Resolver, WalkResolver, libc
 
 # Filesystems whose files are kernel interfaces: a write is a request, not a byte copy.
 KERNEL_FS_TYPES = frozenset({"proc", "sysfs", "cgroup", "cgroup2", "debugfs", "securityfs", "configfs"})
 # Their statfs(2) f_type magic numbers (linux/magic.h).
 _KERNEL_FS_MAGIC = frozenset({0x9FA0, 0x62656572, 0x27E0EB, 0x63677270, 0x64626720, 0x73636673, 0x62656570})
 
-# openat2(2): struct open_how.resolve flags (linux/openat2.h).
-RESOLVE_NO_MAGICLINKS = 0x02
-RESOLVE_BENEATH = 0x08
-RESOLVE_IN_ROOT = 0x10
-# The syscall number is the same on every architecture of the unified table (since Linux 5.6).
-_SYS_OPENAT2 = {"x86_64": 437, "aarch64": 437, "arm64": 437}.get(platform.machine())
-# The kernel's MAXSYMLINKS: more links in one resolution is ELOOP.
-MAX_SYMLINKS = 40
+# What one read of a host file may return, in bytes. One-value kernel files hold a few bytes
+# (an 8,192-CPU affinity mask is 2.3 KB); tables that grow with the machine are larger.
+READ_CAP = 1 << 20
+# /proc/interrupts and /proc/cpuinfo: megabytes on a 224-CPU node with a few thousand IRQs.
+TABLE_READ_CAP = 64 << 20
 
-_O_CLOEXEC = os.O_CLOEXEC
-_O_PATH = getattr(os, "O_PATH", 0)
+_O_READ = os.O_RDONLY | os.O_NONBLOCK | os.O_NOCTTY
+_O_WRITE = os.O_WRONLY | os.O_NONBLOCK | os.O_NOCTTY
+# The temporary file of an atomic write: ``.<name>.<12 hex digits>`` beside ``<name>``.
+_TEMP_RE = re.compile(r"\.(?P<name>.+)\.[0-9a-f]{12}")
+
+
+def _kind(mode: int) -> str | None:
+    """What a file that is not a regular file is, in words; None for a regular file."""
+    if stat.S_ISREG(mode):
+        return None
+    if stat.S_ISFIFO(mode):
+        return "a FIFO (named pipe)"
+    if stat.S_ISCHR(mode):
+        return "a character device"
+    if stat.S_ISBLK(mode):
+        return "a block device"
+    if stat.S_ISSOCK(mode):
+        return "a socket"
+    if stat.S_ISDIR(mode):
+        return "a directory"
+    if stat.S_ISLNK(mode):
+        return "a symlink"
+    return "not a regular file"
+
+
+def _size(n: int) -> str:
+    for unit, div in (("GiB", 1 << 30), ("MiB", 1 << 20), ("KiB", 1 << 10)):
+        if n >= div and n % div == 0:
+            return f"{n // div} {unit}"
+    return f"{n:,} bytes"
+
+
+def read_capped(fd: int, limit: int) -> bytes | None:
+    """At most ``limit`` bytes from ``fd``; None when it holds more (``limit + 1`` are read at
+    most, whatever the file says its size is)."""
+    chunks = []
+    left = limit + 1
+    while left > 0:
+        b = os.read(fd, min(65536, left))
+        if not b:
+            break
+        chunks.append(b)
+        left -= len(b)
+    return None if left <= 0 else b"".join(chunks)
+
+
+def read_local_file(path: str | os.PathLike[str], limit: int, what: str = "file") -> bytes:
+    """A file of this process's own (a profile, a GPU fixture), read as host files are: only a
+    regular file, opened non-blocking, at most ``limit`` bytes. Raises OSError (its
+    ``strerror`` says what the file is, or that it is too large for a ``what``)."""
+    fd = os.open(path, _O_READ | os.O_CLOEXEC)
+    try:
+        st = os.fstat(fd)
+        if stat.S_ISDIR(st.st_mode):
+            raise IsADirectoryError(errno.EISDIR, os.strerror(errno.EISDIR), os.fspath(path))
+        kind = _kind(st.st_mode)
+        if kind is not None:
+            raise OSError(errno.EINVAL, f"is {kind}, not a file", os.fspath(path))
+        data = None if st.st_size > limit else read_capped(fd, limit)
+        if data is None:
+            raise OSError(errno.EFBIG, f"larger than {_size(limit)}: too large for a {what}", os.fspath(path))
+        return data
+    finally:
+        os.close(fd)
+
 
 
 def _reason(exc: OSError) -> str:
@@ -87,191 +156,11 @@ def atomic_write(path: Path, data: bytes, mode: int = 0o644) -> None:
 
 # -- resolving beneath a root ---------------------------------------------------------------
 
-class Escape(OSError):
-    """A symlink on the way leads outside the root (EXDEV); ``link`` is its kernel-style path."""
-
-    def __init__(self, link: str, target: str) -> None:
-        super().__init__(errno.EXDEV, f"the symlink {link} -> {target} leads outside the root", link)
-        self.link = link
-        self.target = target
-
-
-class _OpenHow(ctypes.Structure):
-    _fields_ = [("flags", ctypes.c_uint64), ("mode", ctypes.c_uint64), ("resolve", ctypes.c_uint64)]
-
-
-_LIBC: ctypes.CDLL | None = None
-
-
-def _libc() -> ctypes.CDLL:
-    global _LIBC
-    if _LIBC is None:
-        _LIBC = ctypes.CDLL(None, use_errno=True)
-    return _LIBC
-
-
-class Openat2Resolver:
-    """``openat2(root_fd, path, RESOLVE_IN_ROOT | RESOLVE_NO_MAGICLINKS)`` (reads) or
-    ``RESOLVE_BENEATH`` (writes): the kernel keeps every step beneath the root."""
-
-    name = "openat2"
-
-    def __init__(self, root_fd: int) -> None:
-        if _SYS_OPENAT2 is None:
-            raise OSError(errno.ENOSYS, f"openat2: no syscall number known for {platform.machine()}")
-        self.root_fd = root_fd
-        proto = ctypes.CFUNCTYPE(ctypes.c_long, ctypes.c_long, ctypes.c_long, ctypes.c_char_p,
-                                 ctypes.c_void_p, ctypes.c_size_t, use_errno=True)
-        self._syscall = proto(("syscall", _libc()))
-        self._hows: dict[tuple[int, int, bool], _OpenHow] = {}  # kept alive: their addresses are passed
-        # Probe once: seccomp profiles of older container runtimes answer ENOSYS or EPERM.
-        os.close(self.open("", os.O_RDONLY | os.O_DIRECTORY))
-
-    def _how(self, flags: int, mode: int, beneath: bool) -> _OpenHow:
-        key = (flags, mode, beneath)
-        how = self._hows.get(key)
-        if how is None:
-            how = self._hows.setdefault(key, _OpenHow(
-                flags | _O_CLOEXEC, mode if flags & os.O_CREAT else 0,
-                RESOLVE_NO_MAGICLINKS | (RESOLVE_BENEATH if beneath else RESOLVE_IN_ROOT)))
-        return how
-
-    def open(self, rel: str, flags: int, mode: int = 0, *, beneath: bool = False) -> int:
-        how = self._how(flags, mode, beneath)  # held here while the kernel reads it
-        addr = ctypes.addressof(how)
-        path = os.fsencode(rel) if rel else b"."
-        err = 0
-        for _ in range(16):  # EAGAIN: a concurrent rename or mount moved a '..' step; retry
-            fd = self._syscall(_SYS_OPENAT2, self.root_fd, path, addr, 24)
-            if fd >= 0:
-                return fd
-            err = ctypes.get_errno()
-            if err not in (errno.EAGAIN, errno.EINTR):
-                break
-        raise OSError(err, os.strerror(err), rel)
-
-
-def _readlink(name: str, dir_fd: int) -> str | None:
-    """The target of ``name`` in ``dir_fd`` when it is a symlink, else None."""
-    try:
-        return os.readlink(name, dir_fd=dir_fd)
-    except OSError:
-        return None
-
-
-class WalkResolver:
-    """The same resolution without openat2: one component at a time from the root's descriptor,
-    each opened ``O_PATH|O_NOFOLLOW`` (so no component is followed by the kernel), symlinks read
-    and expanded here: an absolute one restarts from the root (or is refused, beneath), ``..``
-    never climbs above the root, more than :data:`MAX_SYMLINKS` links is ELOOP.
-
-    Magic links (``/proc/<pid>/fd/N``) are read as ordinary symlinks: followed by their text,
-    beneath the root, where ``openat2`` refuses them (``RESOLVE_NO_MAGICLINKS``). Either way
-    nothing outside the root is reached.
-    """
-
-    name = "walk"
-
-    def __init__(self, root_fd: int) -> None:
-        self.root_fd = root_fd
-
-    def open(self, rel: str, flags: int, mode: int = 0, *, beneath: bool = False) -> int:
-        fd, _ = self._walk(rel, flags | _O_CLOEXEC, mode, beneath=beneath)
-        assert fd is not None
-        return fd
-
-    def resolve(self, rel: str) -> list[str]:
-        """The components of ``rel`` after resolving every link in-root (like realpath(3):
-        a missing component ends the resolution; the rest is kept as written)."""
-        return self._walk(rel, None, 0, beneath=False)[1]
-
-    def escape(self, rel: str) -> Escape | None:
-        """The first link on the way to ``rel`` that leads outside the root, if any."""
-        try:
-            self._walk(rel, None, 0, beneath=True)
-        except Escape as exc:
-            return exc
-        except OSError:
-            return None
-        return None
-
-    def _walk(self, rel: str, flags: int | None, mode: int, *, beneath: bool) -> tuple[int | None, list[str]]:
-        # ``todo`` is a stack (next component last); each carries the link that produced it
-        todo: list[tuple[str, tuple[str, str] | None]] = [(c, None) for c in reversed(rel.split("/")) if c]
-        fds: list[int] = []      # owned descriptors of the directories walked below the root
-        names: list[str] = []    # and their names
-        links = 0
-        try:
-            while todo:
-                name, origin = todo.pop()
-                if name == ".":
-                    continue
-                if name == "..":
-                    if fds:
-                        os.close(fds.pop())
-                        names.pop()
-                    elif beneath and origin is not None:
-                        raise Escape(*origin)
-                    continue
-                cur = fds[-1] if fds else self.root_fd
-                last = not todo
-                if last and flags is not None:
-                    fl, m = flags | os.O_NOFOLLOW, mode
-                elif last:
-                    fl, m = _O_PATH | os.O_NOFOLLOW | _O_CLOEXEC, 0
-                else:
-                    fl, m = _O_PATH | os.O_NOFOLLOW | os.O_DIRECTORY | _O_CLOEXEC, 0
-                target: str | None = None
-                try:
-                    fd = os.open(name, fl, m, dir_fd=cur)
-                except OSError as exc:
-                    if exc.errno in (errno.ELOOP, errno.ENOTDIR, errno.EMLINK):
-                        target = _readlink(name, cur)
-                    if target is None:
-                        if flags is None and exc.errno in (errno.ENOENT, errno.ENOTDIR):
-                            return None, names + [name] + [c for c, _ in reversed(todo)]
-                        raise
-                else:
-                    if fl & _O_PATH and not fl & os.O_DIRECTORY and stat.S_ISLNK(os.fstat(fd).st_mode):
-                        os.close(fd)
-                        target = _readlink(name, cur)
-                        if target is None:  # replaced under us
-                            raise OSError(errno.EAGAIN, os.strerror(errno.EAGAIN), rel)
-                    elif last:
-                        if flags is not None:
-                            return fd, names + [name]
-                        os.close(fd)
-                        return None, names + [name]
-                    else:
-                        fds.append(fd)
-                        names.append(name)
-                        continue
-                # a symlink: expand it in place
-                links += 1
-                if links > MAX_SYMLINKS:
-                    raise OSError(errno.ELOOP, os.strerror(errno.ELOOP), rel)
-                link = (("/" + "/".join(names + [name])), target)
-                if target.startswith("/"):
-                    if beneath:
-                        raise Escape(*link)
-                    while fds:
-                        os.close(fds.pop())
-                    names.clear()
-                todo.extend((c, link) for c in reversed(target.split("/")) if c)
-            # the path ended on a folder reached through '..', '.' or a link to one
-            if flags is not None:
-                return os.open(".", flags, mode, dir_fd=fds[-1] if fds else self.root_fd), list(names)
-            return None, list(names)
-        finally:
-            for fd in fds:
-                os.close(fd)
-
-
 def _fs_magic(fd: int) -> int | None:
     """statfs(2) f_type of the filesystem holding ``fd``."""
     buf = ctypes.create_string_buffer(512)
     try:
-        if _libc().fstatfs(ctypes.c_int(fd), buf) != 0:
+        if libc().fstatfs(ctypes.c_int(fd), buf) != 0:
             return None
     except (OSError, AttributeError):
         return None
@@ -309,7 +198,7 @@ class HostFS:
         if self._plain:
             self.resolver = "plain"
             return
-        self._root_fd = os.open(self.root, _O_PATH | os.O_DIRECTORY | _O_CLOEXEC)
+        self._root_fd = os.open(self.root, O_PATH | os.O_DIRECTORY | O_CLOEXEC)
         self._walker = WalkResolver(self._root_fd)
         self._resolve: Openat2Resolver | WalkResolver = self._walker
         why = "GPU_TUNE_RESOLVER=walk"
@@ -382,7 +271,7 @@ class HostFS:
         """A descriptor for ``rel`` resolved beneath the root; writes only through links that
         stay beneath it. Raises OSError (:class:`Escape` where a link leads outside)."""
         if self._plain:
-            return os.open("/" + rel, flags | _O_CLOEXEC, mode)
+            return os.open("/" + rel, flags | O_CLOEXEC, mode)
         try:
             return self._resolve.open(rel, flags, mode, beneath=write)
         except Escape:
@@ -409,53 +298,65 @@ class HostFS:
     # -- reading ---------------------------------------------------------------------------
     def exists(self, host_path: str) -> bool:
         try:
-            os.close(self._open(self._rel(host_path), _O_PATH))
+            os.close(self._open(self._rel(host_path), O_PATH))
             return True
         except OSError:
             return False
 
     def is_dir(self, host_path: str) -> bool:
         try:
-            os.close(self._open(self._rel(host_path), _O_PATH | os.O_DIRECTORY))
+            os.close(self._open(self._rel(host_path), O_PATH | os.O_DIRECTORY))
             return True
         except OSError:
             return False
 
-    def _read(self, rel: str) -> bytes:
-        fd = self._open(rel, os.O_RDONLY)
+    def _read_file(self, host_path: str, limit: int) -> bytes:
+        rel = self._rel(host_path)
         try:
-            chunks = []
-            while True:
-                b = os.read(fd, 65536)
-                if not b:
-                    break
-                chunks.append(b)
-            return b"".join(chunks)
+            fd = self._open(rel, _O_READ)
+        except OSError as exc:
+            kind = self._kind_at(rel) if exc.errno in (errno.ENXIO, errno.ENODEV) else None
+            if kind is not None:  # a socket, a device with nothing behind it
+                raise NotAFile(f"{host_path}: is {kind}, not a file: not read", errno.EINVAL) from None
+            raise self._error(host_path, exc) from None
+        try:
+            st = os.fstat(fd)
+            kind = _kind(st.st_mode)
+            if kind == "a directory":
+                raise HostError(f"{host_path}: is a directory, expected a file", errno.EISDIR)
+            if kind is not None:
+                raise NotAFile(f"{host_path}: is {kind}, not a file: not read", errno.EINVAL)
+            # a regular file on an ordinary filesystem says its size; a kernel file does not
+            data = None if st.st_size > limit and _fs_magic(fd) not in _KERNEL_FS_MAGIC else read_capped(fd, limit)
+            if data is None:
+                raise NotAFile(f"{host_path}: larger than {_size(limit)}, too large for this file: not read",
+                               errno.EFBIG)
+            return data
+        except OSError as exc:
+            raise self._error(host_path, exc) from None
         finally:
             os.close(fd)
 
-    def _read_file(self, host_path: str) -> bytes:
-        try:
-            return self._read(self._rel(host_path))
-        except OSError as exc:
-            raise self._error(host_path, exc) from None
+    def read_bytes(self, host_path: str, *, limit: int = READ_CAP) -> bytes:
+        """The whole file (at most ``limit`` bytes); :class:`HostError` naming the path when it
+        cannot be read, :class:`NotAFile` when it is no regular file or larger than ``limit``."""
+        return self._read_file(host_path, limit)
 
-    def read_bytes(self, host_path: str) -> bytes:
-        """The whole file; :class:`HostError` naming the path when it cannot be read."""
-        return self._read_file(host_path)
-
-    def read_text(self, host_path: str) -> str:
-        """The whole file as text; :class:`HostError` naming the path when it cannot be read."""
-        return self._read_file(host_path).decode("utf-8", "replace")
+    def read_text(self, host_path: str, *, limit: int = READ_CAP) -> str:
+        """The whole file as text (see :meth:`read_bytes`)."""
+        return self._read_file(host_path, limit).decode("utf-8", "replace")
 
     def read_value(self, host_path: str) -> str:
         """A one-value kernel file, stripped."""
         return self.read_text(host_path).strip()
 
-    def read_optional(self, host_path: str) -> str | None:
-        """The stripped value, or None when the file does not exist or cannot be read."""
+    def read_optional(self, host_path: str, *, limit: int = READ_CAP) -> str | None:
+        """The stripped value, or None when the file does not exist or cannot be read. A file
+        refused for what it is or its size (:class:`NotAFile`) is not "missing": it raises."""
         try:
-            return self.read_text(host_path).strip()
+            return self.read_text(host_path, limit=limit).strip()
+        except NotAFile:
+            raise
         except HostError:
             return None
 
@@ -480,7 +381,7 @@ class HostFS:
     def is_kernel_file(self, host_path: str) -> bool:
         """True when the file lives on procfs/sysfs (a knob), False for a regular file."""
         try:
-            fd = self._open(self._rel(host_path), _O_PATH)
+            fd = self._open(self._rel(host_path), O_PATH)
         except OSError:
             return False
         try:
@@ -489,12 +390,38 @@ class HostFS:
             os.close(fd)
 
     # -- writing ---------------------------------------------------------------------------
-    def _write_into(self, host_path: str, data: bytes, what: str) -> None:
+    def _one_name(self, host_path: str, st: os.stat_result) -> None:
+        """Refuse to write a file that is not a regular file or that has another name."""
+        kind = _kind(st.st_mode)
+        if kind is not None:
+            raise NotAFile(f"{host_path}: not written: it is {kind}, not a file", errno.EINVAL)
+        if st.st_nlink > 1:
+            raise NotAFile(f"{host_path}: not written: it has {st.st_nlink} hard links (another name may lie "
+                           f"outside --root {self.root}); only a file with one name is written", errno.EMLINK)
+
+    def _kind_at(self, rel: str) -> str | None:
         try:
-            fd = self._open(self._rel(host_path), os.O_WRONLY | os.O_TRUNC, write=True)
+            fd = self._open(rel, O_PATH)
+        except OSError:
+            return None
+        try:
+            return _kind(os.fstat(fd).st_mode)
+        finally:
+            os.close(fd)
+
+    def _write_into(self, host_path: str, data: bytes, what: str) -> None:
+        rel = self._rel(host_path)
+        try:
+            fd = self._open(rel, _O_WRITE, write=True)
         except OSError as exc:
+            kind = self._kind_at(rel) if exc.errno in (errno.ENXIO, errno.ENODEV) else None
+            if kind is not None:  # a FIFO with no reader, a device with nothing behind it
+                raise NotAFile(f"{host_path}: not written: it is {kind}, not a file", errno.EINVAL) from None
             raise self._error(host_path, exc, write=True) from None
         try:
+            self._one_name(host_path, os.fstat(fd))
+            if _fs_magic(fd) not in _KERNEL_FS_MAGIC:  # a regular file: replace its bytes
+                os.ftruncate(fd, 0)
             os.write(fd, data)
         except OSError as exc:
             raise self._error(host_path, exc, write=True, what=what) from None
@@ -572,10 +499,12 @@ class HostFS:
                                 "file is replaced", errno.ELOOP)
             if st is not None and stat.S_ISDIR(st.st_mode):
                 raise HostError(f"{host_path}: is a directory, expected a file", errno.EISDIR)
+            if st is not None:
+                self._one_name(host_path, st)
             for _ in range(100):
                 tmp = f".{name}.{os.urandom(6).hex()}"
                 try:
-                    fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW | _O_CLOEXEC,
+                    fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW | O_CLOEXEC,
                                  0o600, dir_fd=dfd)
                     break
                 except FileExistsError:
@@ -610,9 +539,43 @@ class HostFS:
         parent = rel.rpartition("/")[0]
         os.close(self._dir_for_write("/" + parent, create=True, for_path=host_path))
         try:
-            return self._open(rel, os.O_RDWR | os.O_CREAT, 0o600, write=True)
+            fd = self._open(rel, os.O_RDWR | os.O_CREAT | os.O_NONBLOCK | os.O_NOCTTY, 0o600, write=True)
         except OSError as exc:
             raise self._error(host_path, exc, write=True) from None
+        try:
+            self._one_name(host_path, os.fstat(fd))
+        except BaseException:
+            os.close(fd)
+            raise
+        return fd
+
+    def remove_temporaries(self, host_path: str) -> list[str]:
+        """Remove what an interrupted :meth:`write_file_atomic` of ``host_path`` left beside it
+        (``.<name>.<hex>``, a regular file): the caller holds the lock that serialises those
+        writes. Returns the host paths removed."""
+        rel = self._rel(host_path)
+        parent, _, name = rel.rpartition("/")
+        try:
+            dfd = self._dir_for_write("/" + parent, create=False, for_path=host_path)
+        except (FileNotFoundError, NotADirectoryError):
+            return []
+        removed = []
+        try:
+            for n in os.listdir(dfd):
+                m = _TEMP_RE.fullmatch(n)
+                if m is None or m.group("name") != name:
+                    continue
+                try:
+                    if stat.S_ISREG(os.stat(n, dir_fd=dfd, follow_symlinks=False).st_mode):
+                        os.unlink(n, dir_fd=dfd)
+                        removed.append(f"/{parent}/{n}" if parent else f"/{n}")
+                except FileNotFoundError:
+                    pass
+        except OSError as exc:
+            raise self._error(host_path, exc, write=True) from None
+        finally:
+            os.close(dfd)
+        return removed
 
     def remove(self, host_path: str) -> None:
         """Remove a file (a symlink there is removed itself, never followed)."""

@@ -294,3 +294,15 @@ def parse_limits(text: str) -> dict[str, Rlimit]:
             continue
         out[name] = Rlimit(s, h, units)
     return out
+
+
+def normalize_bus_id(bus_id: str) -> str:
+    """NVML's ``00000000:18:00.0`` (or ``0000:18:00.0``, any case) -> sysfs ``0000:18:00.0``."""
+    s = bus_id.strip().lower()
+    parts = s.split(":")
+    if len(parts) == 3:
+        dom = parts[0][-4:].rjust(4, "0")
+        return f"{dom}:{parts[1].rjust(2, '0')}:{parts[2]}"
+    if len(parts) == 2:  # "18:00.0" without a domain
+        return f"0000:{parts[0].rjust(2, '0')}:{parts[1]}"
+    return s

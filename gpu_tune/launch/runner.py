@@ -21,10 +21,11 @@ from typing import TYPE_CHECKING, Mapping, NewType, NoReturn
 
 from gpu_tune.errors import CommandNotRunnable, InputError
 from gpu_tune.host.parse import format_cpulist
+from gpu_tune.tune.knobs.allocator import jemalloc_missing
 
 if TYPE_CHECKING:  # pragma: no cover
-    from gpu_tune.tune.policy import Profile
-    from gpu_tune.discover.topology import Topology
+    from gpu_tune.tune.profile import Profile
+    from gpu_tune.discover.model import Topology
 
 log = logging.getLogger("gpu_tune")
 
@@ -83,6 +84,18 @@ def binding_for(topology: "Topology", *, gpu: int | None = None, numa_node: int 
     return Binding(None, frozenset(), None, None)
 
 
+def binding_for_profile(topology: "Topology", profile: "Profile", *, gpu: int | None = None,
+                        numa_node: int | None = None) -> Binding:
+    """:func:`binding_for`, unless the profile says jobs run unbound (``launch.numa_binding: false``):
+    then no CPU or memory binding, the GPU still chosen."""
+    binding = binding_for(topology, gpu=gpu, numa_node=numa_node)
+    launch = getattr(profile, "launch", None)
+    if launch is None or launch.numa_binding:
+        return binding
+    return Binding(None, frozenset(), binding.gpu_index, binding.gpu_uuid,
+                   (f"profile {profile.name}: launch.numa_binding is false: running unbound",))
+
+
 def bind_prefix(binding: Binding) -> list[str]:
     """The command words that bind what follows them (empty when nothing is to be bound)."""
     cpus = format_cpulist(binding.cpus)
@@ -104,6 +117,9 @@ def bind_prefix(binding: Binding) -> list[str]:
     return out + ["--"]
 
 
+LOCAL_JEMALLOC_MISSING = jemalloc_missing("where this command runs")
+
+
 def find_local_jemalloc(dirs: tuple[str, ...] = LOCAL_LIB_DIRS) -> LocalPath | None:
     """``libjemalloc.so.2`` in this process's own library folders (deliberately not under --root)."""
     for d in dirs:
@@ -123,8 +139,7 @@ def workload_env(binding: Binding, profile: "Profile", base_env: Mapping[str, st
     if alloc.preload == "jemalloc":
         lib = find_local_jemalloc()
         if lib is None:
-            warnings.append("allocator.preload is jemalloc but libjemalloc.so.2 is not installed here "
-                            "(apt-get install libjemalloc2 / dnf install jemalloc); running without it")
+            warnings.append(f"allocator.preload is jemalloc, but {LOCAL_JEMALLOC_MISSING}; running without it")
         else:
             existing = [p for p in env.get("LD_PRELOAD", "").replace(":", " ").split() if p]
             if lib not in existing:

@@ -13,6 +13,14 @@ Every stage is a callable on :class:`~gpu_tune.serve.stages.Stages`:
 :func:`~gpu_tune.serve.stages.default_stages` builds the real ones, tests pass fakes. A stage that
 raises is a failed collector (``gpu_tune_collector_success 0``) and a failed readiness check
 naming the reason; the loop goes on. :func:`gpu_tune.serve.server.serve` runs it beside uvicorn.
+
+A pass has a deadline (``pass_deadline``, by default twice the interval plus 5 s, well within
+``/healthz``'s 3 intervals plus 10 s): each stage runs in a worker thread of its own, and a stage
+still running at the deadline (a host file on a hung NFS mount, a GPU driver or an API server that
+does not answer) is a failed collector for that pass, which goes on without it. The stuck worker is
+left to finish alone and that stage is not started again while it runs, so stuck workers never
+pile up (at most one per stage); every pass meanwhile reports it. The probe and the gain
+measurement keep their own timeouts.
 """
 
 from __future__ import annotations
@@ -32,6 +40,10 @@ from gpu_tune.tune.knobs import fixable
 
 log = logging.getLogger("gpu_tune")
 
+# A stage is waited for at least this long, even when an earlier stage used up the pass's
+# deadline (so a pass with one stuck stage still publishes what it has).
+MIN_STAGE_WAIT = 1.0
+
 
 @dataclass
 class _ProbeState:
@@ -50,7 +62,7 @@ class Agent:
                  enforce_min_interval: float = 300.0, jitter: float = 0.1, rng: random.Random | None = None,
                  clock: Callable[[], float] = time.time, monotonic: Callable[[], float] = time.monotonic,
                  probe_enabled: bool = True, first_publish_max_wait: float = 900.0,
-                 metrics_detail: bool = False) -> None:
+                 metrics_detail: bool = False, pass_deadline: float | None = None) -> None:
         self.stages = stages
         self.metrics_detail = metrics_detail
         # Hold the first publish until the first probe has a verdict (bounded), so a starting
@@ -60,6 +72,8 @@ class Agent:
         self._started_at: float | None = None
         self.mode = mode
         self.interval = float(interval)
+        self.pass_deadline = 2 * self.interval + 5.0 if pass_deadline is None else float(pass_deadline)
+        self._stuck: dict[str, tuple[threading.Thread, float]] = {}  # stage -> its worker past the deadline
         self.enforce_min_interval = float(enforce_min_interval)
         self.jitter = jitter
         self.rng = rng or random.Random()
@@ -97,7 +111,13 @@ class Agent:
         self._gain: dict[str, Any] | None = None
 
     # -- stages -----------------------------------------------------------------------------
-    def _run(self, name: str, fn: Callable[[], Any]) -> tuple[Any, CollectorStatus]:
+    def _run(self, name: str, fn: Callable[[], Any], until: float | None = None,
+             not_started: Callable[[], Any] | None = None) -> tuple[Any, CollectorStatus]:
+        """Run one stage; its failure is a value. With ``until`` (``time.monotonic()``), in a worker
+        thread, waited for until then (at least :data:`MIN_STAGE_WAIT`): see the module's note;
+        ``not_started`` is called when the stage is not started because its last run is stuck."""
+        if until is not None:
+            return self._run_bounded(name, fn, until, not_started)
         t0 = time.perf_counter()
         try:
             value = fn()
@@ -106,6 +126,63 @@ class Agent:
             log.warning("stage %s failed: %s", name, error_reason(exc), exc_info=log.isEnabledFor(logging.DEBUG))
             return None, CollectorStatus(name, False, took, error_reason(exc))
         return value, CollectorStatus(name, True, time.perf_counter() - t0)
+
+    def _run_bounded(self, name: str, fn: Callable[[], Any], until: float,
+                     not_started: Callable[[], Any] | None) -> tuple[Any, CollectorStatus]:
+        stuck = self._stuck.get(name)
+        if stuck is not None:
+            if stuck[0].is_alive():
+                if not_started is not None:
+                    not_started()
+                return None, CollectorStatus(name, False, 0.0, (
+                    f"stuck: started {time.monotonic() - stuck[1]:.0f}s ago and not returned (a host file, the GPU "
+                    "driver or the API server does not answer); not started again until it returns"))
+            del self._stuck[name]
+        box: dict[str, Any] = {}
+        done = threading.Event()
+
+        def work() -> None:
+            try:
+                box["value"] = fn()
+            except BaseException as exc:  # noqa: BLE001 - handed to the loop as a value
+                box["error"] = exc
+            finally:
+                done.set()
+
+        t0, started = time.perf_counter(), time.monotonic()
+        until = max(until, started + MIN_STAGE_WAIT)
+        worker = threading.Thread(target=work, name=f"gpu-tune-stage-{name}", daemon=True)
+        worker.start()
+        while not done.wait(min(0.25, max(0.0, until - time.monotonic()))):
+            if self._stop.is_set() or time.monotonic() >= until:
+                break
+        took = time.perf_counter() - t0
+        if not done.is_set():
+            self._stuck[name] = (worker, started)
+            reason = (f"did not finish within {took:.0f}s, the pass's deadline (a host file, the GPU driver or the "
+                      "API server does not answer); the pass went on without it")
+            log.warning("stage %s: %s", name, reason)
+            return None, CollectorStatus(name, False, took, reason)
+        exc = box.get("error")
+        if exc is not None:
+            if not isinstance(exc, Exception):
+                raise exc
+            log.warning("stage %s failed: %s", name, error_reason(exc),
+                        exc_info=exc if log.isEnabledFor(logging.DEBUG) else None)
+            return None, CollectorStatus(name, False, took, error_reason(exc))
+        return box.get("value"), CollectorStatus(name, True, took)
+
+    def _holding_host(self, fn: Callable[[], Any]) -> Callable[[], Any]:
+        """``fn`` that lets go of the host lock (taken by the loop) when it returns, even after
+        its pass has moved on without it."""
+
+        def run() -> Any:
+            try:
+                return fn()
+            finally:
+                self._host_lock.release()
+
+        return run
 
     def _enforce(self) -> dict[str, Any]:
         """Audit; re-apply when some drifted setting was not re-applied within the rate limit."""
@@ -151,8 +228,9 @@ class Agent:
     def run_pass(self) -> Snapshot:
         errors: dict[str, str] = {}
         statuses: list[CollectorStatus] = []
+        until = time.monotonic() + self.pass_deadline
 
-        topo, st = self._run("discover", self.stages.discover)
+        topo, st = self._run("discover", self.stages.discover, until)
         statuses.append(st)
         if st.success:
             self._topology_obj = topo
@@ -160,7 +238,7 @@ class Agent:
         else:
             errors["discover"] = st.error
 
-        gpus, st = self._run("gpus", self.stages.gpus)
+        gpus, st = self._run("gpus", self.stages.gpus, until)
         statuses.append(st)
         if st.success:
             self._gpus = [as_doc(g) for g in gpus or []]
@@ -171,16 +249,13 @@ class Agent:
             # The Node first, every pass: the mode label a person set takes effect in this pass (not
             # the next one), and the first verdict already knows the device plugin's capacity. The
             # publish below reuses this read: a steady pass still makes one GET and no write.
-            facts, st = self._run("read", self.stages.read_node)
+            facts, st = self._run("read", self.stages.read_node, until)
             if st.success and field_of(facts, "node_read", False):
                 self._note_facts(facts)
         mode = self.effective_mode()
         if mode == "revert":
             if self._host_lock.acquire(blocking=False):
-                try:
-                    doc, st = self._run("revert", self._do_revert)
-                finally:
-                    self._host_lock.release()
+                doc, st = self._run("revert", self._holding_host(self._do_revert), until, self._host_lock.release)
                 statuses.append(st)
                 if not st.success:
                     errors["revert"] = st.error
@@ -188,22 +263,19 @@ class Agent:
                 log.info("mode revert: waiting for the gain measurement to hand the host back")
         stage = "enforce" if mode == "enforce" else "audit"
         if mode == "enforce" and not self._host_lock.acquire(blocking=False):
-            # the gain measurement holds the host: read only, re-apply after it (it ends tuned)
-            doc, st = self._run(stage, self.stages.audit)
+            # the gain measurement (or a stuck re-apply) holds the host: read only, re-apply after it
+            doc, st = self._run(stage, self.stages.audit, until)
         elif mode == "enforce":
-            try:
-                doc, st = self._run(stage, self._enforce)
-            finally:
-                self._host_lock.release()
+            doc, st = self._run(stage, self._holding_host(self._enforce), until, self._host_lock.release)
         else:
-            doc, st = self._run(stage, self.stages.audit)
+            doc, st = self._run(stage, self.stages.audit, until)
         if st.success:
             self._audit = as_doc(doc)
         else:
             errors[stage] = st.error
         statuses.append(st)
 
-        identity, st_id = self._run("identity", self.stages.identity)
+        identity, st_id = self._run("identity", self.stages.identity, until)
         key = self._identity_key(self._gpus, identity or {}) if st_id.success else self._probe_key
         if self.probe_enabled and self._topology_obj is not None:
             now = self.monotonic()
@@ -237,7 +309,7 @@ class Agent:
             extra = {"gain": self._gain} if self._gain is not None else {}
             pub, st = self._run("publish", lambda: self.stages.publish(
                 pre, self._topology_doc, self._gpus, driver, audit=self._audit, probes=probes, mode=mode,
-                **extra))
+                **extra), until)
         statuses.append(st)
         if pub is None and st.success:
             pass

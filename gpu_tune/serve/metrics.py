@@ -101,6 +101,13 @@ FAMILIES: dict[str, tuple[str, tuple[str, ...]]] = {
     "gpu_tune_tuning_gain_ratio": ("Tuned / untuned ratio of the measure in the probe's regime, measured by "
                                    "gpu-tune gain at the agent's start (images_per_second: above 1 is a gain; "
                                    "jitter_p99_over_p50: below 1 is a gain)", ("gpu", "regime", "measure")),
+    "gpu_tune_tuning_gain_verdict": ("1 for the images/s verdict of gpu-tune gain measured at the agent's start: "
+                                     "gain, loss, no significant difference or inconclusive (a loss is confirmed "
+                                     "by the exact test, not only by the interval)", ("gpu", "verdict")),
+    "gpu_tune_tuning_gain_family_ratio": ("Images/s ratio of one setting family alone on top of untuned against "
+                                          "untuned (gpu-tune gain --per-setting at the agent's start, profile "
+                                          "gain.per_setting; the worst GPU), labelled with the family's verdict",
+                                          ("family", "verdict")),
     "gpu_tune_tuning_gain_ratio_lower": ("Lower bound of the 95% interval of gpu_tune_tuning_gain_ratio",
                                          ("gpu", "regime", "measure")),
     "gpu_tune_tuning_gain_ratio_upper": ("Upper bound of the 95% interval of gpu_tune_tuning_gain_ratio",
@@ -286,10 +293,21 @@ class SnapshotCollector(Collector):
                 ratio.add_metric(lv, r)
                 lower.add_metric(lv, lo)
                 upper.add_metric(lv, hi)
+        verdict = self._fam("gpu_tune_tuning_gain_verdict")
+        for t in gain.get("targets") or []:
+            if isinstance(t, Mapping) and t.get("verdict"):
+                verdict.add_metric([str(t.get("gpu", "")), str(t["verdict"])], 1)
         if gain:  # no gain families at all on an agent that does not measure it
             yield ratio
             yield lower
             yield upper
+            yield verdict
+        fams = _family_rows(gain)
+        if fams:  # one series per setting family, only when the agent measures them
+            fam = self._fam("gpu_tune_tuning_gain_family_ratio")
+            for name, (verdict, r) in fams.items():
+                fam.add_metric([name, verdict], r)
+            yield fam
 
         if snap.metrics_detail:
             ok = self._fam("gpu_tune_collector_success")
@@ -307,6 +325,24 @@ class SnapshotCollector(Collector):
             lab = {"gpu": gpu, "UUID": "", "pci_bus_id": "", "modelName": "", "Hostname": snap.node,
                    "numa_node": ""}
         return [lab[k] for k in GPU_LABELS]
+
+
+def _family_rows(gain: Mapping[str, Any]) -> dict[str, tuple[str, float]]:
+    """family -> (verdict, images/s ratio) of its worst target, from a --per-setting document."""
+    from gpu_tune.judge.gain.measure import family_verdicts
+
+    out: dict[str, tuple[str, float]] = {}
+    if not gain:
+        return out
+    verdicts = family_verdicts(gain)
+    for t in gain.get("targets") or []:
+        for name, a in ((t.get("families") or {}) if isinstance(t, Mapping) else {}).items():
+            r = _num(((a.get("measures") or {}).get("images_per_second") or {}).get("ratio"))
+            if r is None:
+                continue
+            if name not in out or r < out[name][1]:
+                out[name] = (str(verdicts.get(name, "inconclusive")), r)
+    return out
 
 
 def make_registry(source: Callable[[], "Snapshot | None"]) -> CollectorRegistry:

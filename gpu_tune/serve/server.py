@@ -11,6 +11,7 @@ from typing import Callable
 
 from gpu_tune import __version__
 from gpu_tune.errors import InputError
+from gpu_tune.judge.gain.measure import FAMILIES
 from gpu_tune.serve.agent import Agent
 from gpu_tune.serve.options import ServeOptions
 from gpu_tune.serve.stages import Stages, error_reason, default_stages
@@ -48,12 +49,15 @@ def serve(options: ServeOptions, *, stages: Stages | None = None,
     hold = (float(getattr(pp, "timeout_s", 300.0)) * (int(getattr(pp, "retries", 0)) + 1) + 60.0) if pp else 900.0
     gp = getattr(stages.profile, "gain", None)
     if stages.gain is not None and options.mode == "enforce" and gp is not None:
-        hold += 2 * int(gp.pairs) * float(getattr(pp, "timeout_s", 300.0))  # the gain runs before the probe
+        arms = 2 + (len(FAMILIES) if getattr(gp, "per_setting", False) else 0)
+        rounds = int(gp.pairs or 8)
+        hold += (arms * rounds + 1) * float(getattr(pp, "timeout_s", 300.0))  # the gain runs before the probe
     agent = Agent(stages, mode=options.mode, interval=options.interval,
                   enforce_min_interval=options.enforce_min_interval, jitter=options.jitter,
                   first_publish_max_wait=hold, metrics_detail=options.metrics_detail)
     app = create_app(agent.state)
     sock = _bind(options.host, int(options.port))
+    httpserver.small_receive_buffer(sock)  # the connections it accepts read a few KiB at a time
     config = httpserver.config(app)
     server = uvicorn.Server(config)
 

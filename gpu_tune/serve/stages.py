@@ -79,6 +79,7 @@ def default_stages(options: ServeOptions) -> Stages:
     from gpu_tune.host.fs import HostFS
     from gpu_tune.cluster.labels import desired_node_state
     from gpu_tune.tune.policy import default_policy_dir, load_profile
+    from gpu_tune.errors import InputError
     from gpu_tune.judge.probe.saved import load_probe_results, save_probe_results
 
     fs = HostFS(options.root)
@@ -112,8 +113,12 @@ def default_stages(options: ServeOptions) -> Stages:
     baselines_cache: dict[str, Any] = {}
     # The verdicts saved by the last probe (this agent before a restart, or `gpu-tune probe`):
     # what stands for a busy GPU that is skipped until this agent has its own.
-    saved = {str(d["gpu"]): d for d in load_probe_results(fs, profile.name) or []
-             if isinstance(d, dict) and "gpu" in d}
+    try:
+        saved_results = load_probe_results(fs, profile.name) or []
+    except InputError as exc:  # not a reason to stop the agent: the next probe writes the file again
+        log.warning("previous probe verdicts not loaded: %s", exc)
+        saved_results = []
+    saved = {str(d["gpu"]): d for d in saved_results if isinstance(d, dict) and "gpu" in d}
     if saved:
         log.info("previous probe verdicts loaded for %s", ", ".join(sorted(saved)))
 
@@ -159,7 +164,7 @@ def default_stages(options: ServeOptions) -> Stages:
 
         return measure_gain(fs=fs, profile=profile, backend=backend, topology=topology, gpu=None,
                             pairs=profile.gain.pairs, keep=True, force=False, data=options.probe_data,
-                            window=profile.gain.window_seconds)
+                            window=profile.gain.window_seconds, per_setting=profile.gain.per_setting)
 
     def close():
         for thing in (publisher, backend):

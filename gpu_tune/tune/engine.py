@@ -15,7 +15,7 @@ import time
 from contextlib import ExitStack
 from typing import Collection, Iterable, Sequence
 
-from gpu_tune.errors import GpuTuneError, HostError, UnsupportedWrite
+from gpu_tune.errors import GpuTuneError, HostError, InputError, UnsupportedWrite
 from gpu_tune.gpu.base import GpuError
 from gpu_tune.host.fs import HostFS
 from gpu_tune.tune.journal import JOURNAL, Journal, locked
@@ -25,18 +25,32 @@ from gpu_tune.tune.model import Report, Setting
 log = logging.getLogger("gpu_tune")
 
 
-def _env_float(name: str, default: float) -> float:
-    try:
-        return float(os.environ.get(name, "") or default)
-    except ValueError:
+def env_seconds(name: str, default: float, most: float = 86400.0) -> float:
+    """A number of seconds from the environment variable ``name`` (``default`` when unset or
+    empty): 0 to ``most``, else :class:`InputError` naming the variable, read before anything
+    is written."""
+    raw = os.environ.get(name, "")
+    if not raw.strip():
         return default
+    try:
+        value = float(raw)
+    except ValueError:
+        value = float("nan")
+    if not 0.0 <= value <= most:  # NaN too
+        raise InputError(f"{name}={raw[:40]!r}: expected a number of seconds from 0 to {most:g}")
+    return value
 
 
-# How long apply/revert wait for another holder of the lock.
-LOCK_TIMEOUT = _env_float("GPU_TUNE_LOCK_TIMEOUT", 30.0)
-# Failpoint for crash tests: pause this many seconds before each write, so a test can SIGKILL an
-# apply half-way through its writes. Zero (off) unless set.
-_WRITE_DELAY = _env_float("GPU_TUNE_FAILPOINT_WRITE_DELAY", 0.0)
+def lock_wait() -> float:
+    """How long apply/revert wait for another holder of the lock (``GPU_TUNE_LOCK_TIMEOUT``)."""
+    return env_seconds("GPU_TUNE_LOCK_TIMEOUT", 30.0)
+
+
+def write_delay() -> float:
+    """Failpoint for crash tests (``GPU_TUNE_FAILPOINT_WRITE_DELAY``): pause this many seconds
+    before each write, so a test can SIGKILL an apply half-way through its writes. 0 (off)
+    unless set; at most 60 s."""
+    return env_seconds("GPU_TUNE_FAILPOINT_WRITE_DELAY", 0.0, most=60.0)
 
 
 def make_context(fs: HostFS, profile, gpu_backend=None) -> Context:
@@ -104,17 +118,19 @@ def apply(ctx: Context, *, dry: bool = False, lock_timeout: float | None = None,
     values to this run's verify. ``dry`` only reads and takes no lock."""
     if dry:
         return dry_run(audit(ctx, knobs))
+    wait = lock_wait() if lock_timeout is None else lock_timeout
+    delay = write_delay()
     with ExitStack() as held:
         try:
-            held.enter_context(locked(ctx.fs, timeout=LOCK_TIMEOUT if lock_timeout is None else lock_timeout))
+            held.enter_context(locked(ctx.fs, timeout=wait))
             no_lock = ""
         except HostError as exc:  # the lock file cannot be created (read-only or full state folder)
             no_lock = f"not changed: cannot record the original first: {exc}"
-        return _apply_locked(ctx, knobs, only, no_lock)
+        return _apply_locked(ctx, knobs, only, no_lock, delay)
 
 
 def _apply_locked(ctx: Context, knobs: Sequence[Knob], only: Collection[tuple[str, str]] | None,
-                  no_lock: str) -> Report:
+                  no_lock: str, delay: float = 0.0) -> Report:
     before = audit(ctx, knobs)
     changes = plan(before.settings, only)
     if not changes:
@@ -133,6 +149,7 @@ def _apply_locked(ctx: Context, knobs: Sequence[Knob], only: Collection[tuple[st
             journal = Journal(ctx.fs).load()
         except HostError as exc:
             raise _JournalDown(str(exc)) from None
+        clear_interrupted_writes(ctx.fs, journal)
         for row in changes:
             knob = _knob_for(row.id)
             if knob is None:
@@ -159,8 +176,8 @@ def _apply_locked(ctx: Context, knobs: Sequence[Knob], only: Collection[tuple[st
             if k in failed:
                 continue
             knob = _knob_for(row.id)
-            if _WRITE_DELAY:
-                time.sleep(_WRITE_DELAY)
+            if delay:
+                time.sleep(delay)
             try:
                 knob.apply(ctx, row)
                 written.add(k)
@@ -206,6 +223,29 @@ class _JournalDown(Exception):
     pass
 
 
+def clear_interrupted_writes(fs: HostFS, journal: Journal) -> list[str]:
+    """Remove what an apply or revert killed in the middle of a crash-safe write left behind:
+    the temporary files beside the journal and beside every regular file it records (a kill
+    just before the rename of ``allocator.env`` leaves ``.allocator.env.<hex>``, which would
+    keep the folder made for it from being removed). Called with the lock held, so no write
+    of those files is in flight. Returns the host paths removed."""
+    paths = {JOURNAL}
+    for e in journal.entries:
+        files = e.get("files") if isinstance(e.get("files"), list) else [e]
+        paths.update(f["path"] for f in files if isinstance(f, dict) and isinstance(f.get("path"), str))
+    removed: list[str] = []
+    for path in sorted(paths):
+        if path != JOURNAL and fs.is_kernel_file(path):
+            continue  # written in place: no temporary file
+        try:
+            removed += fs.remove_temporaries(path)
+        except HostError as exc:
+            log.warning("cannot clear what an interrupted write left beside %s: %s", path, exc)
+    if removed:
+        log.info("removed what interrupted writes left: %s", ", ".join(removed))
+    return removed
+
+
 def revert(ctx: Context, *, lock_timeout: float | None = None) -> tuple[bool, tuple[Setting, ...]]:
     """Restore every recorded original, newest first. Returns (all restored, rows).
 
@@ -215,14 +255,16 @@ def revert(ctx: Context, *, lock_timeout: float | None = None) -> tuple[bool, tu
     last row with id ``journal``, and the journal stays as it was, so a later revert restores
     what is still missing (the targets already restored are then found unchanged)."""
     rows: list[Setting] = []
+    wait = lock_wait() if lock_timeout is None else lock_timeout
     if not ctx.fs.exists(JOURNAL):
         return True, ()  # nothing recorded: nothing to restore (and nothing to lock)
     with ExitStack() as held:
         try:
-            held.enter_context(locked(ctx.fs, timeout=LOCK_TIMEOUT if lock_timeout is None else lock_timeout))
+            held.enter_context(locked(ctx.fs, timeout=wait))
         except HostError as exc:
             return False, (Setting("journal", "-", None, "", "error", f"nothing restored: {exc}", JOURNAL),)
         journal = Journal(ctx.fs).load()
+        clear_interrupted_writes(ctx.fs, journal)
         dirty = False
         for entry in journal.newest_first():
             sid, target = entry["id"], entry["target"]

@@ -20,12 +20,14 @@ from datetime import datetime, timezone
 from typing import Any, Iterator
 
 from gpu_tune.errors import HostError, InputError, LockBusy
-from gpu_tune.host.fs import HostFS
+from gpu_tune.host.fs import HostFS, NotAFile
 
 STATE_DIR = "/var/lib/gpu-tune"
 JOURNAL = f"{STATE_DIR}/journal.json"
 LOCK = f"{STATE_DIR}/lock"
 FORMAT = 1
+# An entry is a few hundred bytes; a 224-CPU node's whole profile journals about 100 KB.
+JOURNAL_CAP = 64 << 20
 
 
 class JournalError(HostError, InputError):
@@ -104,10 +106,17 @@ class Journal:
             self.entries = []
             self._seq = 0
             return self
-        text = self.fs.read_text(JOURNAL)
         where = f"{JOURNAL} under {self.fs.root}"
         try:
-            doc = json.loads(text)
+            text = self.fs.read_text(JOURNAL, limit=JOURNAL_CAP)
+        except NotAFile as exc:
+            why = str(exc).split(": ", 1)[-1]
+            raise JournalError(f"{where}: unreadable journal ({why}); fix or move the file by hand") from None
+        from gpu_tune.strict import DuplicateKey, check_text, json_loads
+
+        try:
+            doc = json_loads(text)
+            check_text(doc)
             if not isinstance(doc, dict) or "entries" not in doc:
                 raise ValueError('expected an object with "entries"')
             entries = doc["entries"]
@@ -117,6 +126,9 @@ class Journal:
                 problem = _check_entry(e)
                 if problem:
                     raise ValueError(f"entry {n}: {problem}")
+        except DuplicateKey as exc:
+            raise JournalError(f"{JOURNAL}:{exc.second} under {self.fs.root}: unreadable journal ({exc}); "
+                               "originals kept in it are not lost: fix or move the file by hand") from None
         except RecursionError:
             raise JournalError(f"{where}: unreadable journal (nested too deep); originals kept in it are "
                                "not lost: fix or move the file by hand") from None

@@ -9,351 +9,36 @@ Any problem is an :class:`InputError` naming the file and the key.
 from __future__ import annotations
 
 import os
-import re
 from pathlib import Path
-from typing import Any, Literal
+from typing import Any
 
-from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
+from pydantic import ValidationError
 
 from gpu_tune.errors import InputError
-from gpu_tune.host.parse import ParseError, nesting, parse_cpulist
+from gpu_tune.host.parse import nesting
+from gpu_tune.tune.profile import NAME_RE, Profile
 
-NAME_RE = re.compile(r"[a-z0-9][a-z0-9_-]{0,62}")
-# Patterns are matched whole (``fullmatch``): ``$`` would let a trailing newline through.
-SYSCTL_KEY_RE = re.compile(r"[a-z0-9_]+(\.[A-Za-z0-9_-]+)+")
-# sysctl values the kernel reads as integers fit in 64 bits (signed or unsigned).
-SYSCTL_INT_MIN, SYSCTL_INT_MAX = -(2**63), 2**64 - 1
 # A profile deeper than this is not a profile (the schema's deepest value is 3 levels down).
 MAX_DEPTH = 32
 MAX_VALUES = 100_000
+# A profile is a few KB; baselines with many pinned fingerprints some tens of KB.
+MAX_FILE_BYTES = 1 << 20
+# A profile's include graph: the shipped profiles use 2 files; 25 files that each include the
+# next twice are 25 files and 48 includes, read once each.
+MAX_INCLUDE_FILES = 64
+MAX_INCLUDE_EDGES = 1024
 NOT_PROFILES = {"baselines"}
-
-# Known sysctl ranges (inclusive). A key not listed is still accepted if it is well formed.
-SYSCTL_RANGES: dict[str, tuple[int, int]] = {
-    "vm.swappiness": (0, 200),
-    "vm.zone_reclaim_mode": (0, 7),
-    "vm.dirty_ratio": (0, 100),
-    "vm.dirty_background_ratio": (0, 100),
-    "vm.dirty_expire_centisecs": (0, 2**31 - 1),
-    "vm.dirty_writeback_centisecs": (0, 2**31 - 1),
-    "vm.overcommit_memory": (0, 2),
-    "vm.max_map_count": (65530, 2**31 - 1),
-    "vm.min_free_kbytes": (0, 2**31 - 1),
-    "vm.stat_interval": (1, 3600),
-    "kernel.numa_balancing": (0, 3),
-    "kernel.sched_autogroup_enabled": (0, 1),
-    "kernel.nmi_watchdog": (0, 1),
-    "kernel.watchdog": (0, 1),
-}
-
-# RLIM_INFINITY as the kernel keeps it: the value of "unlimited" in a limit bound.
-UNLIMITED = 2**64 - 1
-_SIZE_RE = re.compile(r"([0-9]+)\s*([kmgt]?)(i?b)?", re.IGNORECASE)
-_SIZE_UNITS = {"": 1, "k": 1024, "m": 1024**2, "g": 1024**3, "t": 1024**4}
-BOUND_KEYS = ("min", "max")
-_BOUND_HINT = "a bound is {min: N} (at least), {max: N} (at most) or both"
-
-GOVERNORS = ("performance", "schedutil", "ondemand", "conservative", "powersave", "userspace")
-THP_ENABLED = ("always", "madvise", "never")
-THP_DEFRAG = ("always", "defer", "defer+madvise", "madvise", "never")
-MALLOC_CONF_RE = re.compile(r"[a-z_]+:[A-Za-z0-9_.+-]+(,[a-z_]+:[A-Za-z0-9_.+-]+)*")
-
-
-class _Strict(BaseModel):
-    model_config = ConfigDict(extra="forbid", frozen=True, allow_inf_nan=False)
-
-
-def format_limit(value: int) -> str:
-    return "unlimited" if value >= UNLIMITED else str(value)
-
-
-class Bound(_Strict):
-    """A numeric setting that is a floor and/or a ceiling, not an exact value.
-
-    Written ``{min: N}`` (at least N), ``{max: N}`` (at most N) or both. A current value that
-    satisfies it is ``ok`` and is never moved; one outside it is set to the nearest end.
-    """
-
-    min: int | None = None
-    max: int | None = None
-
-    def describe(self) -> str:
-        """``≥ 1048576``, ``≤ 200``, ``≥ 10, ≤ 200``."""
-        parts = []
-        if self.min is not None:
-            parts.append(f"≥ {format_limit(self.min)}")
-        if self.max is not None:
-            parts.append(f"≤ {format_limit(self.max)}")
-        return ", ".join(parts)
-
-    def judge(self, value: int) -> tuple[bool, str, int | None]:
-        """(satisfied, the comparison in words, the value to set when not satisfied)."""
-        v = format_limit(value)
-        if self.min is not None and value < self.min:
-            return False, f"{v} < {format_limit(self.min)}", self.min
-        if self.max is not None and value > self.max:
-            return False, f"{v} > {format_limit(self.max)}", self.max
-        held = []
-        if self.min is not None:
-            held.append(f"{v} ≥ {format_limit(self.min)}")
-        if self.max is not None:
-            held.append(f"{v} ≤ {format_limit(self.max)}")
-        return True, " and ".join(held), None
-
-
-def parse_size(text: Any) -> int:
-    """``unlimited``, ``65536``, ``64K``, ``8MiB``, ``1g`` -> bytes (powers of 1024)."""
-    if isinstance(text, bool):
-        raise ValueError(f"expected a size, got {text!r}")
-    if isinstance(text, int):
-        if text < 0:
-            raise ValueError(f"expected a size, got {text!r}")
-        if text > UNLIMITED:
-            raise ValueError(f"{text} bytes is more than a limit can hold (2**64-1); write unlimited")
-        return text
-    t = str(text).strip()
-    if t.lower() in ("unlimited", "infinity"):
-        return UNLIMITED
-    m = _SIZE_RE.fullmatch(t)
-    if not m or len(m.group(1)) > 40:
-        if m:
-            raise ValueError(f"{t[:24]}...: more than a limit can hold (2**64-1 bytes); write unlimited")
-        raise ValueError(f"expected a size in bytes, with K/M/G/T, or unlimited, got {text!r}")
-    size = int(m.group(1)) * _SIZE_UNITS[m.group(2).lower()]
-    if size > UNLIMITED:
-        raise ValueError(f"{t} is more than a limit can hold (2**64-1 bytes); write unlimited")
-    return size
-
-
-def parse_bound(key: str, raw: Any, *, sizes: bool = False, lo: int | None = None,
-                hi: int | None = None) -> Bound:
-    """``{min: N, max: M}`` -> :class:`Bound`, or ValueError naming ``key`` (one line; ``key``
-    may be empty when the caller's location already names the setting)."""
-    at = f"{key}: " if key else ""
-    if not isinstance(raw, dict) or not raw:
-        raise ValueError(f"{at}expected {{min: N}} or {{max: N}}, got {raw!r} ({_BOUND_HINT})")
-    unknown = [k for k in raw if k not in BOUND_KEYS]
-    if unknown:
-        raise ValueError(f"{at}unknown key {unknown[0]!r} ({_BOUND_HINT})")
-    vals: dict[str, int] = {}
-    for k, v in raw.items():
-        where = f"{key}.{k}" if key else k
-        if sizes:
-            try:
-                vals[k] = parse_size(v)
-            except ValueError as exc:
-                raise ValueError(f"{where}: {exc}") from None
-        elif isinstance(v, bool) or not isinstance(v, int):
-            raise ValueError(f"{where}: expected an integer, got {v!r}")
-        elif not SYSCTL_INT_MIN <= v <= SYSCTL_INT_MAX:
-            raise ValueError(f"{where}: {v} does not fit in 64 bits")
-        else:
-            vals[k] = v
-        if lo is not None and hi is not None and not lo <= vals[k] <= hi:
-            raise ValueError(f"{where}: {vals[k]} is out of range {lo}..{hi}")
-    if "min" in vals and "max" in vals and vals["min"] > vals["max"]:
-        raise ValueError(f"{at}min {vals['min']} is greater than max {vals['max']}")
-    return Bound(**vals)
-
-
-class ThpPolicy(_Strict):
-    enabled: Literal["always", "madvise", "never"] | None = None
-    defrag: Literal["always", "defer", "defer+madvise", "madvise", "never"] | None = None
-
-
-class CstatesPolicy(_Strict):
-    # Idle states whose exit latency exceeds this many microseconds are disabled per CPU.
-    max_latency_us: int = Field(ge=0, le=10_000_000)
-
-
-class CpuPolicy(_Strict):
-    # Fallback order: the first governor the driver offers is the one wanted.
-    governor: list[Literal["performance", "schedutil", "ondemand", "conservative", "powersave", "userspace"]] | None = None
-    cstates: CstatesPolicy | None = None
-
-    @field_validator("governor", mode="before")
-    @classmethod
-    def _one_or_list(cls, v: Any) -> Any:
-        if isinstance(v, str):
-            return [g.strip() for g in v.split("|") if g.strip()]
-        return v
-
-
-class GpuPolicy(_Strict):
-    persistence_mode: bool | None = None
-    # nvidia-persistenced owns persistence mode on recent drivers: "report" (conflict row
-    # when it is not running and mode is off) or "ignore" (set it through NVML regardless).
-    persistenced: Literal["prefer", "ignore"] = "prefer"
-    # MIG wanted on (true) or off (false) on every GPU; null: not checked. Read-only.
-    mig_mode: bool | None = None
-    # nvidia_peermem loaded when an RDMA NIC shares a NUMA node with a GPU. Read-only.
-    gpudirect_rdma: bool = False
-    # nvidia_fs (GPUDirect Storage) loaded. Read-only.
-    gds: bool = False
-
-
-class IrqPolicy(_Strict):
-    affinity: Literal["numa-local", "off"] = "off"
-    devices: list[Literal["gpu", "nic"]] = Field(default_factory=lambda: ["gpu", "nic"])
-    # irqbalance rewrites affinities every 10 s: "conflict" reports it, "ignore" writes anyway.
-    irqbalance: Literal["conflict", "ignore"] = "conflict"
-    exclude_cpus: str = ""
-
-    @field_validator("exclude_cpus")
-    @classmethod
-    def _cpulist(cls, v: str) -> str:
-        try:
-            parse_cpulist(v)
-        except (ParseError, ValueError) as exc:
-            raise ValueError(f"not a CPU list: {v[:60]!r}: {exc} (expected e.g. '0-1,64-65')") from None
-        return v
-
-
-class AllocatorPolicy(_Strict):
-    preload: Literal["jemalloc", "none"] = "none"
-    malloc_conf: str = ""
-    env_file: str = "/etc/gpu-tune/allocator.env"
-    # Host-wide /etc/ld.so.preload affects every process on the host: only when asked.
-    ld_so_preload: bool = False
-
-    @field_validator("malloc_conf")
-    @classmethod
-    def _conf(cls, v: str) -> str:
-        if v and not MALLOC_CONF_RE.fullmatch(v):
-            raise ValueError(f"not a MALLOC_CONF string: {v!r} (expected key:value,key:value)")
-        return v
-
-    @field_validator("env_file")
-    @classmethod
-    def _abs(cls, v: str) -> str:
-        if not v.startswith("/") or ".." in v.split("/") or "\0" in v or "\n" in v:
-            raise ValueError(f"must be an absolute host path without '..': {v!r}")
-        return v
-
-
-class LimitsPolicy(_Strict):
-    # RLIMIT_MEMLOCK of the container runtime (containers inherit it): {min: SIZE|unlimited}.
-    memlock: Bound | None = None
-
-    @field_validator("memlock", mode="before")
-    @classmethod
-    def _memlock(cls, v: Any) -> Any:
-        if v is None or isinstance(v, Bound):
-            return v
-        if not isinstance(v, dict):
-            raise ValueError(f"a limit is a floor: write {{min: {v}}} (or {{min: unlimited}}), got {v!r}")
-        b = parse_bound("", v, sizes=True)
-        if b.max is not None:
-            raise ValueError("only a floor {min: SIZE} is checked; a ceiling would lower what pinned buffers need")
-        return b
-
-
-class ProbePolicy(_Strict):
-    # Test accuracy after the fixed amount of work below (never after a time box).
-    accuracy_min: float = Field(0.9, ge=0.0, le=1.0)
-    # Each throughput regime must reach this fraction of the GPU model's measured baseline.
-    throughput_fraction: float = Field(0.5, gt=0.0, le=1.0)
-    retries: int = Field(2, ge=0, le=5)
-    timeout_s: float = Field(300.0, gt=0, le=3600)
-    interval_s: float = Field(3600.0, ge=0)
-    require_jemalloc: bool = False
-    require_numa_binding: bool = True
-    skip_busy_gpus: bool = True
-    # The correctness run: this many float32 steps of this batch in a seeded order (fixed work).
-    train_steps: int = Field(80, ge=1, le=100_000)
-    train_batch_size: int = Field(64, ge=1, le=65536)
-    seed: int = Field(0, ge=0, le=2**31 - 1)
-    # The throughput windows: launch-bound at batch_size, device-bound at device_batch_size
-    # (None: 4096 on a GPU, 1024 on a CPU), each timed for window_seconds (None: 2 s GPU, 1 s CPU).
-    batch_size: int = Field(256, ge=1, le=65536)
-    device_batch_size: int | None = Field(None, ge=1, le=262144)
-    window_seconds: float | None = Field(None, gt=0, le=600)
-
-    @model_validator(mode="before")
-    @classmethod
-    def _replaced(cls, data: Any) -> Any:
-        if isinstance(data, dict) and "train_seconds" in data:
-            raise ValueError("train_seconds was replaced: the probe now trains a fixed amount of work "
-                             "(train_steps, train_batch_size) and times throughput in its own windows "
-                             "(window_seconds)")
-        return data
-
-
-class GainPolicy(_Strict):
-    # Measure the profile's gain (``gpu-tune gain``) on the agent's first pass in enforce mode,
-    # before the node is marked ready. Off by default: it costs 2 x pairs probe processes (about a
-    # minute on a GPU node, several on a small CPU host) on every agent start, and reverts the
-    # profile for the untuned runs while it measures.
-    measure_on_start: bool = False
-    pairs: int = Field(3, ge=1, le=50)
-    # Timed seconds of each run's launch-bound window (None: the probe's window).
-    window_seconds: float | None = Field(None, gt=0, le=600)
-
-
-class ReadinessPolicy(_Strict):
-    require_compliant: bool = True
-    require_probe: bool = True
-    taint: bool = True  # put the startup taint back when readiness is lost
-    max_temperature_c: float = Field(87.0, gt=0, le=120)
-    # A node without nvidia.com/gpu capacity (no device plugin) fails gpu.allocatable only if true.
-    require_device_plugin: bool = False
-
-
-class Profile(_Strict):
-    name: str
-    summary: str = ""
-    sysctl: dict[str, int | str | Bound] = Field(default_factory=dict)
-    thp: ThpPolicy = Field(default_factory=ThpPolicy)
-    cpu: CpuPolicy = Field(default_factory=CpuPolicy)
-    gpu: GpuPolicy = Field(default_factory=GpuPolicy)
-    irq: IrqPolicy = Field(default_factory=IrqPolicy)
-    allocator: AllocatorPolicy = Field(default_factory=AllocatorPolicy)
-    limits: LimitsPolicy = Field(default_factory=LimitsPolicy)
-    probe: ProbePolicy = Field(default_factory=ProbePolicy)
-    readiness: ReadinessPolicy = Field(default_factory=ReadinessPolicy)
-    gain: GainPolicy = Field(default_factory=GainPolicy)
-
-    @field_validator("sysctl", mode="before")
-    @classmethod
-    def _sysctl(cls, v: Any) -> Any:
-        if not isinstance(v, dict):
-            return v  # the type check names it
-        out: dict[str, Any] = {}
-        for key, value in v.items():
-            if not isinstance(key, str) or not SYSCTL_KEY_RE.fullmatch(key):
-                raise ValueError(f"{key!r} is not a sysctl key (expected e.g. vm.swappiness)")
-            lo, hi = SYSCTL_RANGES.get(key, (None, None))
-            if isinstance(value, (dict, Bound)):
-                out[key] = value if isinstance(value, Bound) else parse_bound(key, value, lo=lo, hi=hi)
-                continue
-            if isinstance(value, bool) or not isinstance(value, (int, str)):
-                raise ValueError(f"{key}: expected a number, a string or a bound, got {value!r}")
-            if isinstance(value, str) and value.strip()[:1] in ("<", ">", "=", "≥", "≤"):
-                raise ValueError(f"{key}: {value!r}: write a bound as {{min: N}} or {{max: N}}")
-            if isinstance(value, str) and any(c in value for c in "\n\r\0"):
-                raise ValueError(f"{key}: {value!r}: a sysctl value is one line")
-            if isinstance(value, int) and not SYSCTL_INT_MIN <= value <= SYSCTL_INT_MAX:
-                raise ValueError(f"{key}: {value} does not fit in 64 bits")
-            if lo is not None and hi is not None:
-                if not isinstance(value, int):
-                    raise ValueError(f"{key}: expected an integer, got {value!r}")
-                if not lo <= value <= hi:
-                    raise ValueError(f"{key}: {value} is out of range {lo}..{hi}")
-            out[key] = value
-        return out
-
-    @model_validator(mode="after")
-    def _name(self) -> "Profile":
-        if not NAME_RE.fullmatch(self.name):
-            raise ValueError(f"name {self.name!r} must match {NAME_RE.pattern}")
-        return self
-
 
 # -- loading ----------------------------------------------------------------------------------
 def default_policy_dir() -> Path:
     env = os.environ.get("GPU_TUNE_POLICY_DIR")
     if env:
         return Path(env)
+    return shipped_policy_dir()
+
+
+def shipped_policy_dir() -> Path:
+    """The profiles that come with gpu-tune (the package's, or the checkout's ``policies/``)."""
     package = Path(__file__).resolve().parents[1]  # gpu_tune/
     installed = package / "policies"  # installed from a wheel: package data
     if (installed / "training.yaml").exists():
@@ -366,13 +51,17 @@ def _decode_error(path: Path, exc: UnicodeDecodeError) -> InputError:
 
 
 def read_yaml(path: Path, what: str = "policy file") -> Any:
-    """Read one YAML document as bad input should be read: a file that is not UTF-8, not YAML,
-    nested deeper than :data:`MAX_DEPTH` or too deep for the parser is one :class:`InputError`
-    naming the file. Returns None for a file with no document."""
+    """Read one YAML document as bad input should be read: a file that is not a regular file,
+    larger than :data:`MAX_FILE_BYTES`, not UTF-8, not YAML, with a key given twice, nested
+    deeper than :data:`MAX_DEPTH` or too deep for the parser, or holding text that cannot be
+    encoded, is one :class:`InputError` naming the file. Returns None for a file with no document."""
     import yaml
 
+    from gpu_tune.host.fs import read_local_file
+    from gpu_tune.strict import BadText, DuplicateKey, check_text, yaml_load
+
     try:
-        text = path.read_text(encoding="utf-8")
+        text = read_local_file(path, MAX_FILE_BYTES, what).decode("utf-8")
     except FileNotFoundError:
         raise InputError(f"{path}: no such {what}") from None
     except IsADirectoryError:
@@ -380,11 +69,15 @@ def read_yaml(path: Path, what: str = "policy file") -> Any:
     except UnicodeDecodeError as exc:
         raise _decode_error(path, exc) from None
     except OSError as exc:
-        raise InputError(f"{path}: {exc.strerror}") from None
+        raise InputError(f"{path}: {exc.strerror or exc}") from None
+    except ValueError as exc:  # a NUL byte in the path
+        raise InputError(f"{path!s:.200}: not a file name: {exc}") from None
     if not text.strip():
         return None
     try:
-        data = yaml.safe_load(text)
+        data = yaml_load(text)
+    except DuplicateKey as exc:
+        raise InputError(f"{path}:{exc.second}: {exc}: a key is given once") from None
     except yaml.YAMLError as exc:
         mark = getattr(exc, "problem_mark", None)
         where = f":{mark.line + 1}:{mark.column + 1}" if mark else ""
@@ -398,6 +91,10 @@ def read_yaml(path: Path, what: str = "policy file") -> Any:
     if nodes > MAX_VALUES:
         raise InputError(f"{path}: more than {MAX_VALUES:,} values (counting what aliases repeat): "
                          f"too large to be a {what}")
+    try:
+        check_text(data)
+    except BadText as exc:
+        raise InputError(f"{path}: {exc}") from None
     return data
 
 
@@ -421,26 +118,83 @@ def _merge(base: dict[str, Any], over: dict[str, Any]) -> dict[str, Any]:
     return out
 
 
-def _resolve(path: Path, policy_dir: Path, stack: tuple[Path, ...]) -> dict[str, Any]:
-    if path in stack:
-        chain = " -> ".join(p.name for p in (*stack, path))
-        raise InputError(f"{stack[0]}: include cycle: {chain}")
-    data = _yaml_load(path)
-    inc = data.pop("include", None)
-    if inc is None:
-        includes: list[Any] = []
-    elif isinstance(inc, str):
-        includes = [inc]
-    elif isinstance(inc, list):
-        includes = inc
-    else:
-        raise InputError(f"{path}: include: expected a file name or a list of them")
-    merged: dict[str, Any] = {}
-    for name in includes:
-        if not isinstance(name, str) or "/" in name or name.startswith(".") or not name.endswith(".yaml"):
-            raise InputError(f"{path}: include: {name!r} must be a .yaml file name in {policy_dir}")
-        merged = _merge(merged, _resolve(policy_dir / name, policy_dir, (*stack, path)))
-    return _merge(merged, data)
+class _Includes:
+    """One profile's include graph, each file read and resolved once (a file included along many
+    paths is merged from the one result: linear in the number of files), and bounded: at most
+    :data:`MAX_INCLUDE_FILES` files and :data:`MAX_INCLUDE_EDGES` includes."""
+
+    def __init__(self, policy_dir: Path) -> None:
+        self.policy_dir = policy_dir
+        self.done: dict[Path, dict[str, Any]] = {}
+        self.files = 0
+        self.edges = 0
+
+    def resolve(self, path: Path, stack: tuple[Path, ...] = ()) -> dict[str, Any]:
+        if path in stack:
+            chain = " -> ".join(p.name for p in (*stack, path))
+            raise InputError(f"{stack[0]}: include cycle: {chain}")
+        if path in self.done:
+            return self.done[path]
+        self.files += 1
+        if self.files > MAX_INCLUDE_FILES:
+            raise InputError(f"{stack[0] if stack else path}: includes more than {MAX_INCLUDE_FILES} files: "
+                             "too large to be a profile")
+        data = _yaml_load(path)
+        inc = data.pop("include", None)
+        if inc is None:
+            includes: list[Any] = []
+        elif isinstance(inc, str):
+            includes = [inc]
+        elif isinstance(inc, list):
+            includes = inc
+        else:
+            raise InputError(f"{path}: include: expected a file name or a list of them")
+        merged: dict[str, Any] = {}
+        for name in includes:
+            self.edges += 1
+            if self.edges > MAX_INCLUDE_EDGES:
+                raise InputError(f"{stack[0] if stack else path}: more than {MAX_INCLUDE_EDGES} includes in all: "
+                                 "too large to be a profile")
+            _check_include_name(path, name, self.policy_dir)
+            included = dict(self.resolve(_include_path(path, name, self.policy_dir), (*stack, path)))
+            included.pop("name", None)  # a profile is named by its own file, not by what it includes
+            merged = _merge(merged, included)
+        out = _merge(merged, data)
+        self.done[path] = out
+        return out
+
+
+def _resolve(path: Path, policy_dir: Path, stack: tuple[Path, ...] = ()) -> dict[str, Any]:
+    return dict(_Includes(policy_dir).resolve(path, stack))
+
+
+def _check_include_name(path: Path, name: Any, policy_dir: Path) -> None:
+    """An include names a ``.yaml`` file in the policy folder: no folder, no hidden file, no
+    control character (a NUL byte included), at most 255 bytes."""
+    ok = (isinstance(name, str) and "/" not in name and not name.startswith(".") and name.endswith(".yaml")
+          and name.isprintable() and len(name.encode("utf-8", "surrogatepass")) <= 255)
+    if ok:
+        try:
+            name.encode("utf-8")
+        except UnicodeEncodeError:
+            ok = False
+    if not ok:
+        shown = repr(name)[:120]
+        raise InputError(f"{path}: include: {shown} must be a .yaml file name in {policy_dir}")
+
+
+def _include_path(path: Path, name: str, policy_dir: Path) -> Path:
+    """Where ``include: name`` is read from: the policy folder, else the shipped profiles (so a
+    profile written for one node, in a folder of its own, can include ``training.yaml``), as tuned
+    looks in /etc/tuned before /usr/lib/tuned."""
+    for folder in (policy_dir, shipped_policy_dir()):
+        candidate = folder / name
+        try:
+            if candidate.exists():
+                return candidate
+        except (OSError, ValueError) as exc:
+            raise InputError(f"{path}: include: {name!r}: {getattr(exc, 'strerror', None) or exc}") from None
+    raise InputError(f"{path}: include: {name!r}: no such policy file in {policy_dir} or among the shipped profiles")
 
 
 def _one_line(exc: ValidationError) -> str:

@@ -7,6 +7,7 @@ from typing import Any, Sequence
 from gpu_tune.judge.probe.baselines import REGIME_WORDS
 from gpu_tune.judge.probe.judge import regime_figures
 from gpu_tune.judge.probe.run import ProbeVerdict
+from gpu_tune.views.text import markup_safe as _m
 
 # Timing keys shown in the "seconds" row, in the order they happen, with their short names.
 TIMING_ROWS = (("tensorflow_import_seconds", "import"), ("launch_bound_compile_seconds", "compile"),
@@ -49,41 +50,41 @@ def render_probe_table(verdicts: Sequence[ProbeVerdict]):
         infer = r.get("inference_images_per_second") or {}
         host = r.get("host") or {}
         cfg = r.get("config") or {}
-        t = Table(title=f"MNIST probe: {'GPU ' + v.gpu if v.gpu != 'cpu' else 'CPU'}", title_justify="left",
-                  show_header=False, box=None, pad_edge=False)
+        t = Table(title=f"MNIST probe: {'GPU ' + _m(v.gpu, one_line=True) if v.gpu != 'cpu' else 'CPU'}",
+                  title_justify="left", show_header=False, box=None, pad_edge=False)
         t.add_column("field", style="bold", no_wrap=True)
         t.add_column("value", overflow="fold")
-        t.add_row("status", f"[{style.get(v.status, 'red')}]{v.status}[/] after {v.attempts} attempt(s), "
+        t.add_row("status", f"[{style.get(v.status, 'red')}]{_m(v.status)}[/] after {v.attempts} attempt(s), "
                             f"{v.duration_seconds:.1f} s")
         if dev:
             cc = f", compute capability {dev['compute_capability']}" if dev.get("compute_capability") else ""
-            t.add_row("device", f"{dev.get('kind', '?')}: {dev.get('name', '?')}{cc}")
+            t.add_row("device", _m(f"{dev.get('kind', '?')}: {dev.get('name', '?')}{cc}"))
         if isinstance(acc, (int, float)):
             c = r.get("correctness") or {}
             work = f" after {c['steps']} steps of {c['batch_size']} (fixed work)" if c.get("steps") else ""
-            t.add_row("accuracy", f"{acc:.4f}{work}")
+            t.add_row("accuracy", _m(f"{acc:.4f}{work}"))
         if r.get("fingerprint"):
-            t.add_row("fingerprint", f"{r['fingerprint']}  ({r.get('peer_group') or 'peer group unknown'})")
+            t.add_row("fingerprint", _m(f"{r['fingerprint']}  ({r.get('peer_group') or 'peer group unknown'})"))
         for regime, fig in regime_figures(r).items():
-            t.add_row(f"train {REGIME_WORDS.get(regime, regime)}", _regime_line(fig))
+            t.add_row(f"train {REGIME_WORDS.get(regime, regime)}", _m(_regime_line(fig)))
         if cfg.get("precision"):
-            t.add_row("settings", f"{cfg['precision']}, XLA {'on' if cfg.get('xla') else 'off'}"
-                                  + (f", {cfg['threads']} CPU threads" if cfg.get("threads") else ""))
+            t.add_row("settings", _m(f"{cfg['precision']}, XLA {'on' if cfg.get('xla') else 'off'}"
+                                     + (f", {cfg['threads']} CPU threads" if cfg.get("threads") else "")))
         if infer:
-            t.add_row("inference", ", ".join(f"batch {b}: {x:,.0f}/s" for b, x in infer.items()
-                                             if isinstance(x, (int, float))))
+            t.add_row("inference", _m(", ".join(f"batch {b}: {x:,.0f}/s" for b, x in infer.items()
+                                                if isinstance(x, (int, float)))))
         timing = _timings_line(r)
         if timing:
-            t.add_row("seconds", timing)
+            t.add_row("seconds", _m(timing))
         if host:
             binding = f"CPUs {host.get('cpu_affinity')}, memory nodes {host.get('mems_allowed')}, " \
                       f"policy {host.get('mempolicy')}, jemalloc {'mapped' if host.get('jemalloc_mapped') else 'not mapped'}"
-            t.add_row("binding", binding)
+            t.add_row("binding", _m(binding))
         for reason in v.reasons:
-            t.add_row("[red]reason[/]" if v.status != "skipped" else "reason", reason)
+            t.add_row("[red]reason[/]" if v.status != "skipped" else "reason", _m(reason))
         for note in v.notes:
-            t.add_row("note", note)
+            t.add_row("note", _m(note))
         if v.stderr_tail and v.status in ("crashed", "error", "timeout"):
-            t.add_row("stderr", v.stderr_tail[-600:])
+            t.add_row("stderr", _m(v.stderr_tail[-600:]))
         blocks.append(t)
     return Group(*blocks)

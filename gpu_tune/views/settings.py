@@ -7,6 +7,7 @@ from typing import Iterable
 
 from gpu_tune.tune.model import Setting
 from gpu_tune.host.parse import format_cpulist
+from gpu_tune.views.text import markup_safe, printable
 
 STATUS_STYLE = {
     "ok": "green",
@@ -63,7 +64,7 @@ def settings_table(title: str, rows: Iterable[Setting], *, show_changed: bool = 
     from rich.table import Table
     from rich.text import Text
 
-    table = Table(title=title, title_justify="left", header_style="bold", expand=False)
+    table = Table(title=markup_safe(title, one_line=True), title_justify="left", header_style="bold", expand=False)
     table.add_column("setting", no_wrap=True)
     table.add_column("target", overflow="fold", max_width=28)
     table.add_column("current → desired", overflow="fold")
@@ -72,18 +73,18 @@ def settings_table(title: str, rows: Iterable[Setting], *, show_changed: bool = 
         table.add_column("changed", no_wrap=True)
     table.add_column("detail", overflow="fold", max_width=60)
     for row, targets in group_rows(rows):
-        cur = "—" if row.current is None else row.current
+        cur = "—" if row.current is None else printable(row.current)
         arrow = Text(cur)
         # an ok row whose desired value is a bound (≥ 1048576) or a budget satisfies it: no arrow
         satisfied = row.status == "ok" and (row.desired or "")[:1] in ("≥", "≤")
         if row.current != row.desired and not satisfied:
             arrow.append(" → ")
-            arrow.append(row.desired or "—", style="bold")
-        cells = [Text(row.id), Text(compress_targets(targets)), arrow,
-                 Text(row.status, style=STATUS_STYLE.get(row.status, ""))]
+            arrow.append(printable(row.desired) or "—", style="bold")
+        cells = [Text(printable(row.id)), Text(printable(compress_targets(targets))), arrow,
+                 Text(printable(row.status), style=STATUS_STYLE.get(row.status, ""))]
         if show_changed:
             cells.append(Text("yes" if row.changed else ""))
-        cells.append(Text(row.detail))
+        cells.append(Text(printable(row.detail)))
         table.add_row(*cells)
     return table
 

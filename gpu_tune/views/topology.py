@@ -9,7 +9,8 @@ from rich.text import Text
 from rich.tree import Tree
 
 from gpu_tune.host.parse import format_cpulist
-from gpu_tune.discover.topology import PciDevice, Topology
+from gpu_tune.discover.model import PciDevice, Topology
+from gpu_tune.views.text import printable
 
 
 def _gib(kib: int | None) -> str:
@@ -33,7 +34,7 @@ def _gpu_line(g: PciDevice, topo: Topology) -> Text:
     idx = "?" if g.gpu_index is None else str(g.gpu_index)
     t = Text()
     t.append(f"GPU {idx}", style="bold green")
-    t.append(f"  {g.gpu_name or g.device or 'NVIDIA GPU'}  {g.address}  ")
+    t.append(printable(f"  {g.gpu_name or g.device or 'NVIDIA GPU'}  {g.address}  "))
     t.append_text(_link(g))
     t.append(f"  {len(g.irqs)} IRQs")
     if g.numa_source == "local_cpulist":
@@ -44,7 +45,7 @@ def _gpu_line(g: PciDevice, topo: Topology) -> Text:
             t.append(f" (pending {'on' if g.mig_mode_pending else 'off'} after a GPU reset)", style="yellow")
     nics = topo.gpu_local_nics.get(g.address, ())
     if nics:
-        t.append(f"  local NICs: {', '.join(nics)}", style="cyan")
+        t.append(printable(f"  local NICs: {', '.join(nics)}"), style="cyan")
     return t
 
 
@@ -63,7 +64,7 @@ def _software_line(topo: Topology) -> Text | None:
             bits.append(f"probe's {rt.get('framework')}: CPU-only build")
     elif rt:
         bits.append(f"probe's {rt.get('framework')}: not installed")
-    return Text("; ".join(bits), style="dim") if bits else None
+    return Text(printable("; ".join(bits)), style="dim") if bits else None
 
 
 def _irqs(dev: PciDevice) -> str:
@@ -72,11 +73,11 @@ def _irqs(dev: PciDevice) -> str:
 
 def _nic_line(n: PciDevice) -> Text:
     t = Text()
-    t.append(", ".join(n.names) or n.address, style="bold cyan")
+    t.append(printable(", ".join(n.names) or n.address), style="bold cyan")
     t.append(f"  {'rdma' if n.rdma else 'net'}  ")
     if n.virtio:
-        t.append(f"{n.virtio} on ")
-    t.append(f"{n.address}  ")
+        t.append(printable(f"{n.virtio} on "))
+    t.append(printable(f"{n.address}  "))
     if n.link_gen_current is not None or n.link_width_current is not None:
         t.append_text(_link(n))  # virtio functions have no PCIe link files
         t.append("  ")
@@ -88,8 +89,8 @@ def _nic_line(n: PciDevice) -> Text:
 
 def render_topology(topo: Topology) -> Tree:
     """A rich renderable of the host's topology."""
-    root = Tree(Text.assemble(("host", "bold"), f"  {topo.cpu_model}, {topo.sockets} socket(s), "
-                              f"{len(topo.cpus_online)} CPUs online ({format_cpulist(topo.cpus_online)})"))
+    root = Tree(Text.assemble(("host", "bold"), printable(f"  {topo.cpu_model}, {topo.sockets} socket(s), "
+                              f"{len(topo.cpus_online)} CPUs online ({format_cpulist(topo.cpus_online)})")))
     for node in topo.numa_nodes:
         dist = " ".join(str(d) for d in node.distances)
         branch = root.add(Text.assemble((f"NUMA node {node.id}", "bold magenta"), f"  distances [{dist}]"))
@@ -116,5 +117,5 @@ def render_topology(topo: Topology) -> Tree:
     if topo.warnings:
         wb = root.add(Text("warnings", style="bold yellow"))
         for w in topo.warnings:
-            wb.add(Text(w, style="yellow"))
+            wb.add(Text(printable(w), style="yellow"))
     return root

@@ -19,7 +19,6 @@ one Python call per chunk of steps, not per step; on a GPU the step is compiled 
 
 from __future__ import annotations
 
-import dataclasses
 import hashlib
 import importlib.abc
 import importlib.machinery
@@ -28,7 +27,7 @@ import math
 import os
 import sys
 import time
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from typing import Any, Iterable
 
 os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
@@ -481,48 +480,3 @@ def inference_throughput(plan: Plan, data: DeviceData, batch_sizes: Iterable[int
                 break
         out[str(bs)] = round(calls * bs / (time.perf_counter() - t0), 1)
     return out
-
-
-@dataclass
-class Comparison:
-    """Result of :func:`keras_fit_default` (the field notes' way, for the benchmark)."""
-
-    images_per_second: float
-    steps: int
-    seconds: float
-    jit_compile: Any = None
-    extra: dict[str, Any] = field(default_factory=dict)
-
-
-def keras_fit_default(x: np.ndarray, y: np.ndarray, batch_size: int, seconds: float, seed: int,
-                      warmup_steps: int = 3) -> Comparison:
-    """The field notes' code as they wrote it: a Keras ``Sequential`` CNN, ``model.compile()`` with
-    its defaults (``jit_compile="auto"``), and ``model.fit`` on NumPy arrays with a per-batch
-    timing callback. Only the benchmark calls this (it imports Keras)."""
-    import keras  # noqa: PLC0415 - the benchmark's comparison only
-
-    keras.utils.set_random_seed(seed)
-    model = keras.Sequential([
-        keras.Input(shape=(28, 28, 1)),
-        keras.layers.Conv2D(32, 3, activation="relu"),
-        keras.layers.MaxPooling2D(),
-        keras.layers.Conv2D(64, 3, activation="relu"),
-        keras.layers.MaxPooling2D(),
-        keras.layers.Flatten(),
-        keras.layers.Dense(128, activation="relu"),
-        keras.layers.Dense(10, activation="softmax"),
-    ])
-    model.compile(optimizer="adam", loss="sparse_categorical_crossentropy", metrics=["accuracy"])
-    stamps: list[float] = []
-
-    class BatchTimer(keras.callbacks.Callback):
-        def on_train_batch_end(self, batch, logs=None):
-            stamps.append(time.perf_counter())
-            if len(stamps) > warmup_steps and stamps[-1] - stamps[warmup_steps] >= seconds:
-                self.model.stop_training = True
-
-    xf = (x.astype("float32") / 255.0)[..., None]
-    model.fit(xf, y.astype("int32"), batch_size=batch_size, epochs=10_000, verbose=0, callbacks=[BatchTimer()])
-    steps = len(stamps) - 1 - warmup_steps
-    elapsed = stamps[-1] - stamps[warmup_steps]
-    return Comparison(steps * batch_size / elapsed, steps, elapsed, getattr(model, "jit_compile", None))

@@ -1,20 +1,35 @@
 """``gpu-tune gain``: what the profile gains, or loses, on this node, measured with an interval.
 
-Two sides of the probe's launch-bound regime (batch 256, short steps: the host path the profile
-tunes), each run in its own process as a job would run:
+The probe's launch-bound regime (batch 256, short steps: the host path the profile tunes) is run
+in **arms**, each run its own process as a job would run:
 
-- **untuned**: the host as the profile's originals leave it (nothing applied, or every journalled
-  original restored), the probe process unbound (no CPU or memory binding) and with the system
-  allocator (no ``LD_PRELOAD``);
-- **tuned**: the profile applied, the probe bound to its GPU's NUMA node with the profile's
-  allocator preload, exactly as ``gpu-tune run`` launches jobs (:mod:`gpu_tune.launch.runner`).
+- **untuned** (the control, A): the host as the profile's originals leave it (nothing applied, or
+  every journalled original restored), the probe process unbound and with the system allocator;
+- **tuned** (B): the profile applied, the probe bound to its GPU's NUMA node with the profile's
+  allocator preload, exactly as ``gpu-tune run`` launches jobs (:mod:`gpu_tune.launch.runner`);
+- with ``per_setting``, one arm per **setting family** the profile touches on this node, each that
+  family alone on top of untuned (:data:`FAMILIES`): host families switched through the engine
+  (sysctls, THP, the CPU governor and idle states, GPU persistence mode, IRQ placement), launch
+  families by how the probe process starts (NUMA binding, the allocator preload). One family at a
+  time, not "all but one": each family's figure is then its own effect against the same control,
+  readable without knowing the others, and the tuned arm beside them shows whether the whole is
+  more than its parts;
+- with ``null``, an **A/A** run: the second arm is the control again, through the same machinery.
+  Whatever it reports is the method's own noise: it calibrates the verdicts (docs/gain.md).
 
-Runs are interleaved A/B/B/A/A/B… (pair *i* is untuned-then-tuned for even *i*, tuned-then-untuned
-for odd *i*), so drift, warm-up and a neighbour's load fall on both sides. Every switch goes through
-the engine: to tuned is :func:`gpu_tune.tune.engine.apply` (originals journalled before any write), to
+Arms run in rounds, each round every arm once; the order is mirrored every other round and rotated
+every two (A B, B A for two arms: the A/B/B/A… order), so drift, warm-up and a neighbour's load
+fall on every arm alike. One warm-up run of the control comes first and is not counted (the first
+process of a series pays for cold caches). Every host switch goes through the engine: families on
+is :func:`gpu_tune.tune.engine.apply` with those knobs (originals journalled before any write),
 untuned is :func:`gpu_tune.tune.engine.revert`. A SIGKILL at any moment therefore loses nothing:
 ``gpu-tune revert`` restores every original byte for byte. At the end the host is left as it was
 found (tuned when the journal held originals at the start, else untuned), or tuned with ``keep``.
+
+Each run also records how busy the machine was while it ran: the share of the run's time some task
+waited for a CPU (``/proc/pressure/cpu``) and the share of CPU time the hypervisor stole
+(``/proc/stat``), read from this process's own kernel: the machine the runs share, whatever
+``--root`` the settings are under.
 
 The statistics are in :mod:`gpu_tune.judge.gain.stats`. Nothing here imports TensorFlow.
 """
@@ -29,15 +44,16 @@ from dataclasses import dataclass, field, replace
 from typing import Any, Callable, Sequence
 
 from gpu_tune.errors import GpuTuneError, InputError
-from gpu_tune.judge.gain.stats import GAIN, INCONCLUSIVE, LOSS, SAME, compare
 from gpu_tune.host.parse import format_cpulist
+from gpu_tune.judge.gain.stats import CONFIDENCE, GAIN, INCONCLUSIVE, LOSS, SAME, bonferroni, compare, median, pairs_needed
 
 log = logging.getLogger("gpu_tune")
 
-UNTUNED, TUNED = "untuned", "tuned"
+UNTUNED, TUNED, NULL = "untuned", "tuned", "untuned-again"
 REGIME = "launch_bound"
-DEFAULT_PAIRS = 3
+DEFAULT_PAIRS = 6  # the fewest pairs whose exact test can confirm a verdict at 95 % (stats.pairs_needed)
 MAX_PAIRS = 50
+DEFAULT_WARMUP = 1
 # (measure, higher is better, where it is in the workload's launch-bound result)
 MEASURES: tuple[tuple[str, bool], ...] = (
     ("images_per_second", True),
@@ -47,6 +63,20 @@ MEASURES: tuple[tuple[str, bool], ...] = (
 )
 GAIN_ARGS = ("--launch-bound-only", "--step-times")
 
+# The setting families a profile touches, as ``gpu-tune gain --per-setting`` switches them: the
+# host knobs' families (gpu_tune.tune.knobs) and the two launch families. Read-only checks (memlock,
+# MIG, GPUDirect) change nothing and are not measured.
+HOST_FAMILIES: dict[str, tuple[str, ...]] = {
+    "sysctl": ("sysctl",), "thp": ("thp",), "cpu": ("cpu", "cstates"), "gpu": ("gpu",), "irq": ("irq",),
+}
+LAUNCH_FAMILIES = ("numa", "allocator")
+FAMILIES = ("sysctl", "thp", "cpu", "gpu", "irq", "numa", "allocator")
+FAMILY_WORDS = {
+    "sysctl": "sysctls", "thp": "transparent hugepages", "cpu": "CPU governor and idle states",
+    "gpu": "GPU persistence mode", "irq": "IRQ placement", "numa": "NUMA binding of the job",
+    "allocator": "jemalloc preload",
+}
+
 
 class GainRefused(GpuTuneError):
     """The comparison will not run here (a busy GPU, a NUMA node this process may not use)."""
@@ -54,25 +84,64 @@ class GainRefused(GpuTuneError):
     exit_code = 1
 
 
+@dataclass(frozen=True)
+class Arm:
+    """One way of running the probe: which host families are applied, and how it is launched."""
+
+    name: str
+    host: tuple[str, ...] = ()  # knob families applied (gpu_tune.tune.knobs BY_FAMILY keys)
+    bound: bool = False
+    jemalloc: bool = False
+
+    def as_dict(self) -> dict[str, Any]:
+        return {"name": self.name, "host": list(self.host), "bound": self.bound,
+                "allocator": "jemalloc" if self.jemalloc else "system"}
+
+
 def interleaved(pairs: int) -> list[tuple[int, str]]:
-    """``[(pair, side), ...]`` in run order: A B, B A, A B, … (A = untuned, B = tuned)."""
+    """``[(pair, side), ...]`` in run order for the two-arm comparison: A B, B A, A B, …"""
+    return [(r, a) for r, a in schedule([UNTUNED, TUNED], pairs)]
+
+
+def schedule(arms: Sequence[str], rounds: int) -> list[tuple[int, str]]:
+    """``[(round, arm), ...]``: every arm once per round; round 2k is the base order rotated by k,
+    round 2k+1 the same mirrored, so each arm's mean position is the same over every two rounds."""
     out: list[tuple[int, str]] = []
-    for i in range(pairs):
-        out += [(i, UNTUNED), (i, TUNED)] if i % 2 == 0 else [(i, TUNED), (i, UNTUNED)]
+    m = len(arms)
+    for r in range(rounds):
+        k = r // 2 if m > 2 else 0  # two arms: A B, B A, A B, … (rotating them is mirroring them)
+        base = [arms[(i + k) % m] for i in range(m)]
+        out += [(r, a) for a in (base if r % 2 == 0 else base[::-1])]
     return out
 
 
 @dataclass(frozen=True)
 class GainTarget:
-    """One GPU (or the CPU run) measured both ways."""
+    """One GPU (or the CPU run): its probe target as each arm launches it."""
 
     label: str
-    untuned: Any  # ProbeTarget
-    tuned: Any  # ProbeTarget
+    bound_target: Any  # ProbeTarget: bound, with the profile's allocator (the tuned launch)
     device: str
+    own_cpus: frozenset[int] | None
 
-    def side(self, name: str) -> Any:
-        return self.tuned if name == TUNED else self.untuned
+    def for_arm(self, arm: Arm) -> Any:
+        t = self.bound_target
+        env = {k: v for k, v in t.env.items() if k == "CUDA_VISIBLE_DEVICES"}
+        if arm.jemalloc:
+            env.update({k: v for k, v in t.env.items() if k in ("LD_PRELOAD", "MALLOC_CONF")})
+        else:
+            env["LD_PRELOAD"] = ""  # the system allocator, even where this process itself preloads one
+        if arm.bound:
+            return replace(t, env=env)
+        return replace(t, prefix=[], env=env, expected_cpus=self.own_cpus, expected_node=None, notes=())
+
+    @property
+    def untuned(self) -> Any:
+        return self.for_arm(Arm(UNTUNED))
+
+    @property
+    def tuned(self) -> Any:
+        return self.for_arm(Arm(TUNED, bound=True, jemalloc=True))
 
 
 def _describe(t: Any) -> dict[str, Any]:
@@ -83,23 +152,28 @@ def _describe(t: Any) -> dict[str, Any]:
 
 
 def plan_gain_targets(topology: Any, profile: Any, backend: Any, *, gpu: str | None, force: bool) -> list[GainTarget]:
-    """The tuned targets are the probe's own (bound as ``gpu-tune run`` binds); each untuned twin
-    runs the same device unbound with the system allocator. Raises :class:`GainRefused` for a busy
-    GPU (unless ``force``) or a target that cannot be bound here."""
+    """The bound targets are the probe's own (bound as ``gpu-tune run`` binds); an arm without
+    binding runs the same device unbound, with the system allocator unless it is the allocator's.
+    Raises :class:`GainRefused` for a busy GPU (unless ``force``) or a target that cannot be bound
+    here."""
     from gpu_tune.judge import probe as probe_mod
 
     gpus = [g for g in (getattr(topology, "gpus", None) or []) if getattr(g, "gpu_index", None) is not None]
     if gpus:
-        tuned = probe_mod.plan_targets(topology, profile, backend, gpu=gpu or "all", device="gpu")
+        bound = probe_mod.plan_targets(topology, profile, backend, gpu=gpu or "all", device="gpu")
     else:
         if gpu not in (None, "all"):
             raise InputError(f"--gpu {gpu}: no GPU on this host; leave --gpu out to compare on the CPU")
         nodes = [n.id for n in getattr(topology, "numa_nodes", ()) or () if n.cpus]
         # No GPU: the CPU run bound to the first NUMA node stands for a job's binding.
-        tuned = probe_mod.plan_targets(topology, profile, backend, gpu=None, device="cpu",
+        bound = probe_mod.plan_targets(topology, profile, backend, gpu=None, device="cpu",
                                        numa_node=nodes[0] if nodes else None)
+    try:
+        mine = frozenset(os.sched_getaffinity(0))
+    except OSError:
+        mine = None
     out: list[GainTarget] = []
-    for t in tuned:
+    for t in bound:
         if t.skip:
             log.warning("GPU %s: %s", t.label, t.skip)
             continue
@@ -114,21 +188,99 @@ def plan_gain_targets(topology: Any, profile: Any, backend: Any, *, gpu: str | N
                                   "disturbed by it; --force to compare anyway")
         if t.blocked:
             raise GainRefused(f"GPU {t.label}: {t.blocked}")
-        env = {k: v for k, v in t.env.items() if k == "CUDA_VISIBLE_DEVICES"}
-        env["LD_PRELOAD"] = ""  # the system allocator, even where this process itself preloads one
-        env.pop("MALLOC_CONF", None)
-        try:
-            mine = frozenset(os.sched_getaffinity(0))
-        except OSError:
-            mine = None
-        untuned = replace(t, prefix=[], env=env, expected_cpus=mine, expected_node=None, notes=())
-        out.append(GainTarget(t.label, untuned, t, t.device or ("gpu" if t.gpu_index is not None else "cpu")))
+        out.append(GainTarget(t.label, t, t.device or ("gpu" if t.gpu_index is not None else "cpu"), mine))
     if not out:
         raise GainRefused("nothing to compare: every GPU was skipped")
     return out
 
 
-# -- one side, one run ----------------------------------------------------------------------------
+def plan_arms(ctx: Any, profile: Any, targets: Sequence[GainTarget], *, per_setting: bool, null: bool
+              ) -> tuple[list[Arm], list[dict[str, Any]]]:
+    """The arms to run, control first, and the families left out with the reason."""
+    from gpu_tune.tune import engine
+    from gpu_tune.tune.knobs import BY_FAMILY
+
+    wanted = [k for k in BY_FAMILY.values() if k.writable and k.wanted(profile)]
+    tuned_host = tuple(k.family for k in wanted)
+    control = Arm(UNTUNED)
+    if null:
+        return [control, Arm(NULL)], []
+    full = Arm(TUNED, tuned_host, bound=True, jemalloc=True)
+    if not per_setting:
+        return [control, full], []
+    arms, skipped = [control], []
+    report = engine.audit(ctx, knobs=wanted) if wanted else None
+    rows = list(report.settings) if report is not None else []
+    for fam in FAMILIES:
+        if fam in HOST_FAMILIES:
+            knobs = [BY_FAMILY[f] for f in HOST_FAMILIES[fam] if f in BY_FAMILY and BY_FAMILY[f] in wanted]
+            if not knobs:
+                skipped.append({"family": fam, "why": "the profile does not set it"})
+                continue
+            mine = [r for r in rows if any(k.owns(r.id) for k in knobs)]
+            if not mine or all(r.status == "unsupported" for r in mine):
+                why = (mine[0].detail if mine else "") or "nothing to switch on this node"
+                skipped.append({"family": fam, "why": f"not on this node: {why}"})
+                continue
+            arms.append(Arm(fam, tuple(k.family for k in knobs)))
+        elif fam == "numa":
+            if not any(t.bound_target.prefix for t in targets):
+                skipped.append({"family": fam, "why": "the probe is not bound on this node"})
+                continue
+            arms.append(Arm(fam, bound=True))
+        elif fam == "allocator":
+            if not any("jemalloc" in str(t.bound_target.env.get("LD_PRELOAD", "")) for t in targets):
+                skipped.append({"family": fam, "why": "no jemalloc preload here (the profile asks for none, "
+                                                      "or the library is not installed)"})
+                continue
+            arms.append(Arm(fam, tuple(f for f in ("allocator",) if f in tuned_host), jemalloc=True))
+    arms.append(full)
+    return arms, skipped
+
+
+# -- how busy the machine was ----------------------------------------------------------------------
+def _read(path: str) -> str | None:
+    # This process's own kernel (the machine the runs share), not --root: see the module's docstring.
+    try:
+        with open(path, encoding="ascii", errors="replace") as fh:
+            return fh.read(65536)
+    except OSError:
+        return None
+
+
+def load_sample() -> dict[str, float] | None:
+    """Cumulative CPU-pressure microseconds and jiffies (steal, total) now; None where unreadable."""
+    out: dict[str, float] = {"t": time.monotonic()}
+    psi = _read("/proc/pressure/cpu")
+    if psi:
+        for line in psi.splitlines():
+            if line.startswith("some "):
+                for part in line.split():
+                    if part.startswith("total="):
+                        out["some_us"] = float(part[6:])
+    stat = _read("/proc/stat")
+    if stat and stat.startswith("cpu "):
+        f = [float(x) for x in stat.splitlines()[0].split()[1:]]
+        out["steal"] = f[7] if len(f) > 7 else 0.0
+        out["jiffies"] = sum(f[:8])
+    return out
+
+
+def load_between(a: dict[str, float] | None, b: dict[str, float] | None) -> dict[str, float | None]:
+    """The share of the time some task waited for a CPU, and of CPU time stolen, between two samples."""
+    if not a or not b:
+        return {"cpu_pressure": None, "steal": None}
+    dt = b["t"] - a["t"]
+    pressure = None
+    if "some_us" in a and "some_us" in b and dt > 0:
+        pressure = round(min(1.0, max(0.0, (b["some_us"] - a["some_us"]) / 1e6 / dt)), 4)
+    steal = None
+    if "jiffies" in a and "jiffies" in b and b["jiffies"] > a["jiffies"]:
+        steal = round((b["steal"] - a["steal"]) / (b["jiffies"] - a["jiffies"]), 4)
+    return {"cpu_pressure": pressure, "steal": steal}
+
+
+# -- one arm, one run ------------------------------------------------------------------------------
 def _figures(result: dict[str, Any]) -> dict[str, float | None]:
     lb = ((result.get("regimes") or {}).get(REGIME)) or {}
     steps = lb.get("step_seconds") or {}
@@ -153,12 +305,14 @@ def run_side(target: Any, policy: Any, *, device: str, data: str | None, window:
     if data:
         cmd += ["--data", data]
     env = _child_env(target, device, module)
-    if target.env.get("LD_PRELOAD") == "":  # the untuned side: the system allocator
+    if target.env.get("LD_PRELOAD") == "":  # the system allocator
         env.pop("LD_PRELOAD", None)
         env.pop("MALLOC_CONF", None)
     t0 = time.monotonic()
+    before = load_sample()
     run = run_once(cmd, env, timeout)
-    doc: dict[str, Any] = {"seconds": round(time.monotonic() - t0, 3)}
+    busy = load_between(before, load_sample())
+    doc: dict[str, Any] = {"seconds": round(time.monotonic() - t0, 3), **busy}
     res = run.result or {}
     if run.status != "ok" or not res.get("ok"):
         reason = run.reason or str(res.get("error") or "the workload reported no result")
@@ -173,34 +327,41 @@ def run_side(target: Any, policy: Any, *, device: str, data: str | None, window:
             "step_seconds_all": (res.get("regimes") or {}).get(REGIME, {}).get("step_seconds_all")}
 
 
-# -- the comparison -------------------------------------------------------------------------------
+# -- switching the host ----------------------------------------------------------------------------
 @dataclass
 class Switcher:
-    """Moves the host between untuned (journalled originals restored) and tuned (profile applied),
-    only through the engine's apply and revert."""
+    """Moves the host between arms (the set of knob families applied), only through the engine's
+    apply (with those families' knobs) and revert."""
 
     ctx: Any
-    state: str
+    state: tuple[str, ...]  # families applied now; the found state is the whole profile or none
     log: list[dict[str, Any]] = field(default_factory=list)
 
-    def to(self, side: str) -> None:
+    def to(self, families: Sequence[str], label: str) -> None:
         from gpu_tune.tune import engine
+        from gpu_tune.tune.knobs import BY_FAMILY
 
-        if side == self.state:
+        want = tuple(families)
+        if set(want) == set(self.state):
             return
         t0 = time.monotonic()
-        if side == TUNED:
-            report = engine.apply(self.ctx)
-            changed = sum(1 for r in report.settings if r.changed)
-            ok = report.compliant
-            detail = "" if ok else "; ".join(f"{r.id}[{r.target}]: {r.detail}" for r in report.settings
-                                              if r.status in ("drift", "error", "conflict"))[:400]
-        else:
-            ok, rows = engine.revert(self.ctx)
-            changed = sum(1 for r in rows if r.changed)
-            detail = "" if ok else "; ".join(f"{r.id}[{r.target}]: {r.detail}" for r in rows if r.status != "ok")[:400]
-        self.state = side
-        self.log.append({"to": side, "changed": changed, "ok": ok, "seconds": round(time.monotonic() - t0, 3),
+        ok, changed, detail = True, 0, ""
+        if self.state:
+            good, rows = engine.revert(self.ctx)
+            changed += sum(1 for r in rows if r.changed)
+            if not good:
+                ok = False
+                detail = "; ".join(f"{r.id}[{r.target}]: {r.detail}" for r in rows if r.status != "ok")[:400]
+            self.state = ()
+        if want and ok:
+            report = engine.apply(self.ctx, knobs=[BY_FAMILY[f] for f in want])
+            changed += sum(1 for r in report.settings if r.changed)
+            if not report.compliant:
+                ok = False
+                detail = "; ".join(f"{r.id}[{r.target}]: {r.detail}" for r in report.settings
+                                   if r.status in ("drift", "error", "conflict"))[:400]
+            self.state = want
+        self.log.append({"to": label, "changed": changed, "ok": ok, "seconds": round(time.monotonic() - t0, 3),
                          **({"detail": detail} if detail else {})})
 
 
@@ -212,45 +373,70 @@ def found_state(fs: Any) -> str:
     return TUNED if Journal(fs).load().entries else UNTUNED
 
 
+# -- the measurement -------------------------------------------------------------------------------
 def measure_gain(*, fs: Any, profile: Any, backend: Any, topology: Any, gpu: str | None = None,
-                 pairs: int = DEFAULT_PAIRS, keep: bool = False, force: bool = False, data: str | None = None,
-                 window: float | None = None, timeout: float | None = None,
+                 pairs: int | None = None, keep: bool = False, force: bool = False, data: str | None = None,
+                 window: float | None = None, timeout: float | None = None, per_setting: bool = False,
+                 null: bool = False, warmup: int = DEFAULT_WARMUP,
                  runner: Callable[..., dict[str, Any]] = run_side,
                  progress: Callable[[str], None] | None = None) -> dict[str, Any]:
-    """Plan, run the interleaved pairs, restore, judge. Returns the ``gpu-tune gain -o json`` document."""
+    """Plan, run the interleaved rounds, restore, judge. Returns the ``gpu-tune gain -o json`` document."""
     from gpu_tune.tune import engine
 
-    if not 1 <= int(pairs) <= MAX_PAIRS:
+    if per_setting and null:
+        raise InputError("--per-setting and --null: give one (an A/A run has no settings to split)")
+    if pairs is not None and not 1 <= int(pairs) <= MAX_PAIRS:
         raise InputError(f"--pairs {pairs}: expected 1..{MAX_PAIRS}")
     if window is not None and not 0 < window <= 600:
         raise InputError(f"--window {window}: expected 0 < S <= 600")
+    if not 0 <= int(warmup) <= 10:
+        raise InputError(f"--warmup {warmup}: expected 0..10")
     targets = plan_gain_targets(topology, profile, backend, gpu=gpu, force=force)
+    ctx = engine.make_context(fs, profile, backend)
+    arms, skipped = plan_arms(ctx, profile, targets, per_setting=per_setting, null=null)
+    confidence = bonferroni(len(arms) - 1, CONFIDENCE)
+    rounds = int(pairs) if pairs is not None else max(DEFAULT_PAIRS, pairs_needed(confidence))
     limit = float(timeout if timeout is not None else profile.probe.timeout_s)
     found = found_state(fs)
-    sw = Switcher(engine.make_context(fs, profile, backend), found)
-    order = interleaved(int(pairs))
+    full_host = next((a.host for a in arms if a.name == TUNED), ())
+    if not full_host and found == TUNED:
+        from gpu_tune.tune.knobs import BY_FAMILY
+
+        full_host = tuple(k.family for k in BY_FAMILY.values() if k.writable and k.wanted(profile))
+    sw = Switcher(ctx, full_host if found == TUNED else ())
+    by_name = {a.name: a for a in arms}
+    order = schedule([a.name for a in arms], rounds)
     runs: dict[str, list[dict[str, Any]]] = {t.label: [] for t in targets}
     started, t0 = time.time(), time.monotonic()
     end = TUNED if keep or found == TUNED else UNTUNED
+    plan = [(-1, UNTUNED)] * int(warmup) + order
     try:
-        for k, (pair, side) in enumerate(order):
-            sw.to(side)
+        for k, (rnd, name) in enumerate(plan):
+            arm = by_name[name]
+            sw.to(arm.host, name)
             for t in targets:
                 if progress:
-                    progress(f"run {k + 1}/{len(order)}: pair {pair + 1}, {side}, {'GPU ' + t.label if t.label != 'cpu' else 'CPU'}")
-                doc = runner(t.side(side), profile.probe, device=t.device, data=data, window=window, timeout=limit)
-                runs[t.label].append({"order": k, "pair": pair, "side": side, **doc})
+                    what = "warm-up" if rnd < 0 else f"round {rnd + 1}/{rounds}"
+                    progress(f"run {k + 1}/{len(plan)}: {what}, {name}, "
+                             f"{'GPU ' + t.label if t.label != 'cpu' else 'CPU'}")
+                doc = runner(t.for_arm(arm), profile.probe, device=t.device, data=data, window=window, timeout=limit)
+                runs[t.label].append({"order": k, "pair": rnd, "side": name, **({"warmup": True} if rnd < 0 else {}),
+                                      **doc})
     finally:
         try:
-            sw.to(end)
+            sw.to(full_host if end == TUNED else (), end)
         except Exception as exc:  # noqa: BLE001 - say it loudly; the journal still holds every original
             log.error("could not leave the host %s (%s): `gpu-tune revert` restores the originals", end, exc)
             sw.log.append({"to": end, "ok": False, "detail": str(exc)})
-    results = [_judge_target(t, runs[t.label]) for t in targets]
+    control, compared = arms[0], arms[1:]
+    results = [_judge_target(t, runs[t.label], control, compared, confidence) for t in targets]
+    ended = TUNED if sw.state else UNTUNED
+    mode = "null" if null else ("per-setting" if per_setting else "profile")
     return {
-        "profile": profile.name, "regime": REGIME, "pairs": int(pairs),
-        "order": [side for _, side in order], "found": found, "ended": sw.state, "kept": bool(keep),
-        "host_left_as_asked": sw.state == end and all(s.get("ok", False) for s in sw.log[-1:]),
+        "profile": profile.name, "regime": REGIME, "mode": mode, "pairs": rounds, "warmup": int(warmup),
+        "confidence": round(confidence, 5), "arms": [a.as_dict() for a in arms], "skipped_families": skipped,
+        "order": [name for _, name in order], "found": found, "ended": ended, "kept": bool(keep),
+        "host_left_as_asked": ended == end and all(s.get("ok", False) for s in sw.log[-1:]),
         "window_seconds": window, "measured_at": _rfc3339(started),
         "duration_seconds": round(time.monotonic() - t0, 3), "switches": sw.log,
         "verdict": overall_verdict(results), "targets": results,
@@ -263,22 +449,45 @@ def _rfc3339(t: float) -> str:
     return format_rfc3339(t)
 
 
-def _judge_target(t: GainTarget, runs: list[dict[str, Any]]) -> dict[str, Any]:
-    by_pair: dict[int, dict[str, dict[str, Any]]] = {}
-    for r in runs:
-        by_pair.setdefault(r["pair"], {})[r["side"]] = r
-    complete = [p for _, p in sorted(by_pair.items()) if all(p.get(s, {}).get("ok") for s in (UNTUNED, TUNED))]
-    failed = [f"pair {r['pair'] + 1} {r['side']}: {r.get('reason')}" for r in runs if not r.get("ok")]
-    measures = {}
+def _measures(control_runs: list[dict[str, Any]], arm_runs: list[dict[str, Any]], confidence: float) -> dict[str, Any]:
+    out = {}
     for name, higher in MEASURES:
-        u = [p[UNTUNED].get(name) for p in complete]
-        v = [p[TUNED].get(name) for p in complete]
-        keep = [(a, b) for a, b in zip(u, v) if a is not None and b is not None]
-        measures[name] = compare(name, [a for a, _ in keep], [b for _, b in keep], higher_is_better=higher).as_dict()
+        keep = [(a.get(name), b.get(name)) for a, b in zip(control_runs, arm_runs)]
+        keep = [(a, b) for a, b in keep if a is not None and b is not None]
+        out[name] = compare(name, [a for a, _ in keep], [b for _, b in keep], higher_is_better=higher,
+                            confidence=confidence).as_dict()
+    return out
+
+
+def _judge_target(t: GainTarget, runs: list[dict[str, Any]], control: Arm, compared: Sequence[Arm],
+                  confidence: float) -> dict[str, Any]:
+    counted = [r for r in runs if not r.get("warmup")]
+    by_round: dict[int, dict[str, dict[str, Any]]] = {}
+    for r in counted:
+        by_round.setdefault(r["pair"], {})[r["side"]] = r
+    failed = [f"{'warm-up' if r.get('warmup') else 'round ' + str(r['pair'] + 1)} {r['side']}: {r.get('reason')}"
+              for r in runs if not r.get("ok")]
+    arms: dict[str, Any] = {}
+    for arm in compared:
+        complete = [p for _, p in sorted(by_round.items()) if p.get(control.name, {}).get("ok")
+                    and p.get(arm.name, {}).get("ok")]
+        measures = _measures([p[control.name] for p in complete], [p[arm.name] for p in complete], confidence)
+        arms[arm.name] = {"pairs_complete": len(complete), "verdict": measures["images_per_second"]["verdict"],
+                          "measures": measures}
+    main = arms.get(TUNED) or arms.get(NULL) or next(iter(arms.values()))
+    b_arm = next((a for a in compared if a.name in (TUNED, NULL)), compared[-1])
+    pressure = [r["cpu_pressure"] for r in counted if r.get("cpu_pressure") is not None]
+    steal = [r["steal"] for r in counted if r.get("steal") is not None]
     slim = [{k: v for k, v in r.items() if k not in ("step_seconds_all", "stderr_tail")} for r in runs]
-    return {"gpu": t.label, "device": t.device, "untuned": _describe(t.untuned), "tuned": _describe(t.tuned),
-            "pairs_complete": len(complete), "failed_runs": failed,
-            "verdict": measures["images_per_second"]["verdict"], "measures": measures, "runs": slim}
+    doc = {"gpu": t.label, "device": t.device, "untuned": _describe(t.for_arm(control)),
+           "tuned": _describe(t.for_arm(b_arm)), "pairs_complete": main["pairs_complete"], "failed_runs": failed,
+           "verdict": main["verdict"], "measures": main["measures"],
+           "busy": {"cpu_pressure_median": median(pressure), "steal_median": median(steal)},
+           "runs": slim}
+    families = {name: a for name, a in arms.items() if name not in (TUNED, NULL)}
+    if families:
+        doc["families"] = families
+    return doc
 
 
 def overall_verdict(targets: Sequence[dict[str, Any]]) -> str:
@@ -291,56 +500,21 @@ def overall_verdict(targets: Sequence[dict[str, Any]]) -> str:
     return SAME if vs else INCONCLUSIVE
 
 
+def family_verdicts(doc: dict[str, Any]) -> dict[str, str]:
+    """Each measured family's images/s verdict over the node's targets (a loss on any target is a
+    loss), from a ``--per-setting`` document; empty for the other modes."""
+    out: dict[str, list[str]] = {}
+    for t in doc.get("targets", []):
+        for fam, a in (t.get("families") or {}).items():
+            out.setdefault(fam, []).append(a.get("verdict"))
+    return {fam: overall_verdict([{"verdict": v} for v in vs]) for fam, vs in out.items()}
+
+
 def exit_code(doc: dict[str, Any]) -> int:
-    """0: a gain or no significant difference, and the host left as asked; 1 otherwise."""
+    """0: a gain or no significant difference, and the host left as asked; 1 otherwise. An A/A
+    run (``null``) succeeds when it finds no difference: that is what it is for."""
     if not doc.get("host_left_as_asked"):
         return 1
+    if doc.get("mode") == "null":
+        return 0 if doc.get("verdict") == SAME else 1
     return 0 if doc.get("verdict") in (GAIN, SAME) else 1
-
-
-# -- table -----------------------------------------------------------------------------------------
-_UNITS = {"images_per_second": ("images/s", 1.0, "{:,.0f}"), "step_p50_seconds": ("step p50 ms", 1e3, "{:.2f}"),
-          "step_p99_seconds": ("step p99 ms", 1e3, "{:.2f}"), "jitter_p99_over_p50": ("jitter p99/p50", 1.0, "{:.3f}")}
-
-
-def render_gain(doc: dict[str, Any]) -> Any:
-    from rich.console import Group
-    from rich.table import Table
-    from rich.text import Text
-
-    blocks: list[Any] = []
-    for t in doc["targets"]:
-        who = "CPU" if t["gpu"] == "cpu" else f"GPU {t['gpu']}"
-        title = (f"gain: profile {doc['profile']}, {who}, launch-bound regime, {t['pairs_complete']}/{doc['pairs']} "
-                 f"pairs ({' '.join('A' if s == UNTUNED else 'B' for s in doc['order'])})")
-        tab = Table(title=title, header_style="bold", title_justify="left")
-        for col in ("measure", "untuned (A)", "tuned (B)", "tuned/untuned [95% interval]", "verdict"):
-            tab.add_column(col)
-        for name, m in t["measures"].items():
-            label, scale, fmt = _UNITS[name]
-            mu = "-" if m["median_untuned"] is None else fmt.format(m["median_untuned"] * scale)
-            mt = "-" if m["median_tuned"] is None else fmt.format(m["median_tuned"] * scale)
-            change = m["change"] if m["ratio"] is not None else "-"
-            verdict = m["verdict"]
-            style = {"loss": "bold red", "gain": "green", "inconclusive": "yellow"}.get(verdict, "")
-            tab.add_row(label, mu, mt, change, Text(verdict.upper() if verdict == LOSS else verdict, style=style))
-        blocks.append(tab)
-        u, b = t["untuned"], t["tuned"]
-        blocks.append(Text(f"  A untuned: {'bound' if u['bound'] else 'unbound'}, {u['allocator']} allocator, host as "
-                           f"the originals leave it; B tuned: NUMA node {b['numa_node']}, CPUs {b['cpus']}, "
-                           f"{b['allocator']} allocator, profile applied"))
-        for f in t["failed_runs"]:
-            blocks.append(Text(f"  failed run: {f}", style="red"))
-    v = doc["verdict"]
-    if v == LOSS:
-        blocks.append(Text(f"LOSS: profile {doc['profile']} makes the launch-bound regime SLOWER on this node: "
-                           "do not keep it here without looking (docs/gain.md)", style="bold red"))
-    else:
-        blocks.append(Text(f"verdict: {v}"))
-    where = f"host left {doc['ended']}" + (" (--keep)" if doc["kept"] else f" as found ({doc['found']})")
-    if not doc["host_left_as_asked"]:
-        where = (f"host NOT left as asked (now {doc['ended']}, found {doc['found']}): `gpu-tune revert` restores "
-                 "the originals")
-    blocks.append(Text(f"{where}; {len(doc['switches'])} switch(es) through the journal; "
-                       f"{doc['duration_seconds']:.1f} s"))
-    return Group(*blocks)

@@ -1,63 +1,168 @@
-"""Statistics of ``gpu-tune gain``: tuned against untuned, per measure, with a 95 % interval. Pure.
+"""Statistics of ``gpu-tune gain``: one arm against the untuned control, per measure. Pure.
 
-The unit of the comparison is the **pair**: one untuned run and one tuned run next to each other
-in the interleaved order A/B/B/A…, so that drift, warm-up and a neighbour's load fall on both.
-For each measure and pair, ``r = log(tuned / untuned)``; the estimate is the geometric mean of the
-pairs' ratios, ``exp(mean r)``, and its 95 % interval is Student's t interval of ``mean r``
-(``t(0.975, n-1) · sd / √n``), turned back into ratios.
+The unit of the comparison is the **pair**: one control (untuned) run and one run of the arm next
+to it, in a balanced order (A/B, B/A, …), so that drift, warm-up and a neighbour's load fall on
+both. For each measure and pair, ``r = log(arm / control)``; the estimate is the geometric mean of
+the pairs' ratios, ``exp(mean r)``.
 
-Why a t interval on log ratios, not a bootstrap or a rank interval: the default is 3 pairs.
+Two things must agree before a difference is called one:
 
-- A percentile bootstrap over 3 pairs has 10 distinct resamples; its "95 %" interval is about
-  the range of the 3 ratios, which holds the true ratio only ~75 % of the time. It claims more
-  than it knows exactly where the samples are few.
-- A distribution-free interval (sign test or Wilcoxon signed-rank) cannot reach 95 % below 6
-  pairs: with 3 it would always be "inconclusive".
-- The t interval is exact when the log ratios are normal and widens honestly with few pairs
-  (t = 4.30 for 3 pairs, 2.78 for 5). Throughput ratios of repeated runs are close to log-normal;
-  a heavy tail (one disturbed run) shows up as a wide interval, and so as "inconclusive" or
-  "no significant difference", never as a false gain.
+1. **Student's t interval** of ``mean r`` at the stated confidence (95 % for one arm; for several
+   arms measured against one control, ``1 − 0.05/k``, Bonferroni, so that the k intervals hold
+   together at 95 %), turned back into ratios. It is what the table shows: exact for normal log
+   ratios, honest about few pairs (t = 4.30 at 3 pairs), and it widens with a disturbed run.
+2. **An exact sign-flip (randomization) test** of the same pairs: under "no difference" the two
+   runs of a pair are exchangeable, so each of the 2ⁿ sign patterns of the ``r`` values is as
+   likely as the one observed; the one-sided p-value is the share of patterns whose mean is at
+   least as far out. It needs no distributional assumption, which a busy node's bursty, skewed
+   run times break: an A/A run (both sides identical, ``gpu-tune gain --null``) cannot be called
+   a gain or a loss more often than the stated error rate, whatever the noise. Its cost: with n
+   pairs no p-value is below 2⁻ⁿ, so a verdict needs ``n ≥ log2(2/α)`` pairs (6 at 95 %, 8 for
+   k = 6 arms): :func:`pairs_needed`.
 
 Verdicts (``higher_is_better`` says which way a measure improves):
 
-- ``inconclusive``: fewer than :data:`MIN_PAIRS` pairs (no ratio is given at all), or the interval
-  holds 1 but is wider than ``±tolerance`` (too noisy to tell a difference of that size);
-- ``gain`` / ``loss``: the interval lies wholly on the better / worse side of 1;
-- ``no significant difference``: the interval holds 1 and lies within ``1 ± tolerance``.
+- ``gain`` / ``loss``: the interval lies wholly on the better / worse side of 1, and the exact
+  test agrees at the same level;
+- ``no significant difference``: the interval holds 1 and lies within ``1 ± tolerance``, or a
+  confirmed difference is smaller than :data:`MIN_EFFECT` (±2 %: real, but nothing to alert on or
+  to drop a setting for);
+- ``inconclusive``: fewer than :data:`MIN_PAIRS` pairs (no ratio at all), an interval that holds 1
+  but is wider than ``±tolerance`` (too noisy here), or an interval off 1 that the exact test does
+  not confirm (too few pairs agree to rule out chance).
 
 A ratio is never given without its interval.
 """
 
 from __future__ import annotations
 
+import itertools
 import math
+import random
 from dataclasses import dataclass
 from typing import Any, Sequence
 
 MIN_PAIRS = 3
 TOLERANCE = 0.10  # "no significant difference" means: any difference is within ±10 %
+MIN_EFFECT = 0.02  # a confirmed difference smaller than ±2 % is reported as no difference that counts
 CONFIDENCE = 0.95
+EXACT_UP_TO = 16  # pairs enumerated exactly (2**16 sign patterns); beyond, a seeded Monte Carlo
+MONTE_CARLO = 20_000
 
 GAIN, LOSS, SAME, INCONCLUSIVE = "gain", "loss", "no significant difference", "inconclusive"
 VERDICTS = (GAIN, LOSS, SAME, INCONCLUSIVE)
 
-# Student's t, 0.975 quantile, for 1..30 degrees of freedom.
-_T975 = (12.7062, 4.3027, 3.1824, 2.7764, 2.5706, 2.4469, 2.3646, 2.3060, 2.2622, 2.2281,
-         2.2010, 2.1788, 2.1604, 2.1448, 2.1314, 2.1199, 2.1098, 2.1009, 2.0930, 2.0860,
-         2.0796, 2.0739, 2.0687, 2.0639, 2.0595, 2.0555, 2.0518, 2.0484, 2.0452, 2.0423)
+
+# -- Student's t ----------------------------------------------------------------------------------
+def _betacf(a: float, b: float, x: float) -> float:
+    """The continued fraction of the regularized incomplete beta function (Lentz's method)."""
+    tiny, eps = 1e-300, 3e-16
+    qab, qap, qam = a + b, a + 1.0, a - 1.0
+    c, d = 1.0, 1.0 - qab * x / qap
+    d = 1.0 / (d if abs(d) > tiny else tiny)
+    h = d
+    for m in range(1, 400):
+        m2 = 2 * m
+        aa = m * (b - m) * x / ((qam + m2) * (a + m2))
+        d = 1.0 + aa * d
+        d = 1.0 / (d if abs(d) > tiny else tiny)
+        c = 1.0 + aa / c if abs(1.0 + aa / c) > tiny else tiny
+        h *= d * c
+        aa = -(a + m) * (qab + m) * x / ((a + m2) * (qap + m2))
+        d = 1.0 + aa * d
+        d = 1.0 / (d if abs(d) > tiny else tiny)
+        c = 1.0 + aa / c if abs(1.0 + aa / c) > tiny else tiny
+        delta = d * c
+        h *= delta
+        if abs(delta - 1.0) < eps:
+            break
+    return h
+
+
+def _betainc(a: float, b: float, x: float) -> float:
+    if x <= 0.0:
+        return 0.0
+    if x >= 1.0:
+        return 1.0
+    front = math.exp(math.lgamma(a + b) - math.lgamma(a) - math.lgamma(b) + a * math.log(x) + b * math.log1p(-x))
+    if x < (a + 1.0) / (a + b + 2.0):
+        return front * _betacf(a, b, x) / a
+    return 1.0 - front * _betacf(b, a, 1.0 - x) / b
+
+
+def t_cdf(t: float, df: int) -> float:
+    """P(T <= t) for Student's t with ``df`` degrees of freedom."""
+    x = df / (df + t * t)
+    tail = 0.5 * _betainc(df / 2.0, 0.5, x)
+    return 1.0 - tail if t > 0 else tail
+
+
+def t_quantile(p: float, df: int) -> float:
+    """The ``p`` quantile of Student's t (bisection on :func:`t_cdf`, to 1e-10)."""
+    if df < 1:
+        raise ValueError("df must be at least 1")
+    if not 0.0 < p < 1.0:
+        raise ValueError("p must be within (0, 1)")
+    if p < 0.5:
+        return -t_quantile(1.0 - p, df)
+    lo, hi = 0.0, 1.0
+    while t_cdf(hi, df) < p:
+        hi *= 2.0
+    for _ in range(200):
+        mid = (lo + hi) / 2.0
+        if t_cdf(mid, df) < p:
+            lo = mid
+        else:
+            hi = mid
+        if hi - lo < 1e-10:
+            break
+    return (lo + hi) / 2.0
 
 
 def t975(df: int) -> float:
-    """The 0.975 quantile of Student's t with ``df`` degrees of freedom (a table to 30, then the
-    Cornish-Fisher expansion, within 0.001 of the exact value)."""
-    if df < 1:
-        raise ValueError("df must be at least 1")
-    if df <= len(_T975):
-        return _T975[df - 1]
-    z = 1.959964
-    return z + (z ** 3 + z) / (4 * df) + (5 * z ** 5 + 16 * z ** 3 + 3 * z) / (96 * df ** 2)
+    """The 0.975 quantile of Student's t (a 95 % two-sided interval)."""
+    return t_quantile(0.975, df)
 
 
+# -- the exact test --------------------------------------------------------------------------------
+def sign_flip_p(values: Sequence[float], *, seed: int = 0) -> tuple[float, float]:
+    """One-sided p-values of the sign-flip test of ``mean(values) == 0``: (p that the mean is this
+    low or lower, p that it is this high or higher), the observed pattern counted. Exact up to
+    :data:`EXACT_UP_TO` values, a seeded Monte Carlo of :data:`MONTE_CARLO` patterns beyond."""
+    xs = [float(v) for v in values]
+    n = len(xs)
+    if n == 0:
+        return 1.0, 1.0
+    observed = sum(xs)
+    eps = 1e-12 * (sum(abs(x) for x in xs) or 1.0)
+    low = high = total = 0
+    if n <= EXACT_UP_TO:
+        patterns: Any = itertools.product((1.0, -1.0), repeat=n)
+    else:
+        rng = random.Random(seed)
+        patterns = ([rng.choice((1.0, -1.0)) for _ in range(n)] for _ in range(MONTE_CARLO))
+    for signs in patterns:
+        s = sum(sg * x for sg, x in zip(signs, xs))
+        total += 1
+        low += s <= observed + eps
+        high += s >= observed - eps
+    if n > EXACT_UP_TO:  # the observed pattern itself, counted once (a valid Monte Carlo p-value)
+        return (low + 1) / (total + 1), (high + 1) / (total + 1)
+    return low / total, high / total
+
+
+def pairs_needed(confidence: float = CONFIDENCE) -> int:
+    """The fewest pairs whose exact test can reach a one-sided ``(1 − confidence)/2``."""
+    alpha = (1.0 - confidence) / 2.0
+    return max(MIN_PAIRS, math.ceil(math.log2(1.0 / alpha)))
+
+
+def bonferroni(arms: int, confidence: float = CONFIDENCE) -> float:
+    """The confidence of each of ``arms`` intervals so that they hold together at ``confidence``."""
+    return 1.0 - (1.0 - confidence) / max(1, int(arms))
+
+
+# -- one measure ------------------------------------------------------------------------------------
 def median(xs: Sequence[float]) -> float | None:
     v = sorted(float(x) for x in xs)
     if not v:
@@ -73,11 +178,14 @@ class MeasureResult:
     pairs: int
     median_untuned: float | None
     median_tuned: float | None
-    ratio: float | None  # tuned / untuned (geometric mean of the pairs' ratios); None: too few pairs
+    ratio: float | None  # arm / control (geometric mean of the pairs' ratios); None: too few pairs
     lower: float | None
     upper: float | None
     verdict: str
     reason: str
+    confidence: float = CONFIDENCE
+    p_worse: float | None = None  # the exact test's one-sided p-value toward "worse"
+    p_better: float | None = None
 
     def change_text(self) -> str:
         """``+5.1% [+2.0%, +8.3%]`` (the ratio as a change, with its interval), or why there is none."""
@@ -90,6 +198,9 @@ class MeasureResult:
         return {"measure": self.measure, "higher_is_better": self.higher_is_better, "pairs": self.pairs,
                 "median_untuned": _sig(self.median_untuned), "median_tuned": _sig(self.median_tuned),
                 "ratio": r(self.ratio), "ci95": None if self.lower is None else [r(self.lower), r(self.upper)],
+                "confidence": round(self.confidence, 5),
+                "p_worse": None if self.p_worse is None else round(self.p_worse, 5),
+                "p_better": None if self.p_better is None else round(self.p_better, 5),
                 "verdict": self.verdict, "reason": self.reason, "change": self.change_text()}
 
 
@@ -103,31 +214,55 @@ def pct(ratio: float) -> str:
 
 
 def compare(measure: str, untuned: Sequence[float], tuned: Sequence[float], *, higher_is_better: bool = True,
-            tolerance: float = TOLERANCE, min_pairs: int = MIN_PAIRS) -> MeasureResult:
+            tolerance: float = TOLERANCE, min_pairs: int = MIN_PAIRS,
+            confidence: float = CONFIDENCE) -> MeasureResult:
     """One measure over paired samples (``untuned[i]`` ran next to ``tuned[i]``)."""
     if len(untuned) != len(tuned):
         raise ValueError("untuned and tuned must have one value per pair")
+    if not 0.5 < confidence < 1.0:
+        raise ValueError("confidence must be within (0.5, 1)")
     pairs = [(float(a), float(b)) for a, b in zip(untuned, tuned)
              if a is not None and b is not None and math.isfinite(a) and math.isfinite(b) and a > 0 and b > 0]
     n = len(pairs)
     mu, mt = median([a for a, _ in pairs]), median([b for _, b in pairs])
     if n < min_pairs:
         return MeasureResult(measure, higher_is_better, n, mu, mt, None, None, None, INCONCLUSIVE,
-                             f"too few pairs: {n} (at least {min_pairs} needed for an interval)")
+                             f"too few pairs: {n} (at least {min_pairs} needed for an interval)", confidence)
     logs = [math.log(b / a) for a, b in pairs]
     mean = sum(logs) / n
     sd = math.sqrt(sum((x - mean) ** 2 for x in logs) / (n - 1))
-    half = t975(n - 1) * sd / math.sqrt(n)
+    half = t_quantile(1.0 - (1.0 - confidence) / 2.0, n - 1) * sd / math.sqrt(n)
     ratio, lo, hi = math.exp(mean), math.exp(mean - half), math.exp(mean + half)
+    p_low, p_high = sign_flip_p(logs)
+    p_better, p_worse = (p_high, p_low) if higher_is_better else (p_low, p_high)
+    alpha = (1.0 - confidence) / 2.0
     better_side = lo > 1 if higher_is_better else hi < 1
     worse_side = hi < 1 if higher_is_better else lo > 1
-    if better_side:
-        verdict, reason = GAIN, "the whole 95% interval is on the better side of no change"
-    elif worse_side:
-        verdict, reason = LOSS, "the whole 95% interval is on the worse side of no change: the profile hurts here"
+    level = f"{confidence:.4g}".rstrip("0").rstrip(".")
+    what = f"the whole {float(level) * 100:g}% interval"
+    if ((better_side and p_better <= alpha) or (worse_side and p_worse <= alpha)) and abs(ratio - 1) < MIN_EFFECT:
+        verdict = SAME
+        reason = (f"a confirmed but small difference ({pct(ratio)}), below the ±{MIN_EFFECT:.0%} that counts "
+                  f"as a gain or a loss")
+    elif (better_side and p_better <= alpha) or (worse_side and p_worse <= alpha):
+        agree = sum(1 for x in logs if (x > 0) == (ratio > 1))
+        if better_side:
+            verdict = GAIN
+            reason = f"{what} is on the better side of no change ({agree} of {n} pairs; exact test p={p_better:.3g})"
+        else:
+            verdict = LOSS
+            reason = (f"{what} is on the worse side of no change ({agree} of {n} pairs; exact test p={p_worse:.3g}): "
+                      "the profile hurts here")
+    elif better_side or worse_side:
+        need = pairs_needed(confidence)
+        verdict = INCONCLUSIVE
+        reason = (f"the interval excludes no change but the exact test does not confirm it "
+                  f"(p={min(p_better, p_worse):.3g} > {alpha:.3g}"
+                  + (f"; at least {need} pairs are needed for it" if n < need else "") + "): run more pairs")
     elif lo >= 1 - tolerance and hi <= 1 + tolerance:
-        verdict, reason = SAME, f"the 95% interval holds no change and lies within ±{tolerance:.0%}"
+        verdict, reason = SAME, f"the interval holds no change and lies within ±{tolerance:.0%}"
     else:
-        verdict, reason = INCONCLUSIVE, (f"too noisy: the 95% interval holds no change but is wider than "
-                                         f"±{tolerance:.0%}; run more pairs")
-    return MeasureResult(measure, higher_is_better, n, mu, mt, ratio, lo, hi, verdict, reason)
+        verdict, reason = INCONCLUSIVE, (f"too noisy here: the interval holds no change but is wider than "
+                                         f"±{tolerance:.0%}; run more pairs, or on a quieter node")
+    return MeasureResult(measure, higher_is_better, n, mu, mt, ratio, lo, hi, verdict, reason, confidence,
+                         p_worse, p_better)

@@ -14,12 +14,11 @@ from gpu_tune.judge.probe.baselines import (REGIMES, Baseline, Baselines, Finger
                         normalize_pci_device)
 from gpu_tune.judge.probe.judge import Judgement, judge, regime_figures
 from gpu_tune.judge.probe.plan import MIG_SKIP, ProbeTarget, _allowed_mems, plan_targets
-from gpu_tune.views.probe import render_probe_table
 from gpu_tune.judge.probe.run import STATUSES, WORKLOAD_MODULE, ProbeVerdict, run_once, run_probes, workload_args
 
 __all__ = [
     "MIG_SKIP", "REGIMES", "STATUSES", "WORKLOAD_MODULE", "Baseline", "Baselines", "FingerprintPin", "Judgement",
     "ProbeTarget", "ProbeVerdict", "RegimeBaseline", "_allowed_mems", "judge", "load_baselines",
-    "normalize_pci_device", "plan_targets", "regime_figures", "render_probe_table", "run_once", "run_probes",
+    "normalize_pci_device", "plan_targets", "regime_figures", "run_once", "run_probes",
     "workload_args",
 ]

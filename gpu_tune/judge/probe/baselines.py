@@ -53,6 +53,9 @@ class _Strict(BaseModel):
 class RegimeBaseline(_Strict):
     train_images_per_second: float = Field(gt=0)
     batch_size: int | None = Field(None, ge=1)
+    # None: as the entry's ``measured``. A regime measured on a healthy node but not yet under
+    # load (the launch-bound one depends on the host's CPUs) may stay reported, not judged.
+    measured: bool | None = None
 
 
 class FingerprintPin(_Strict):

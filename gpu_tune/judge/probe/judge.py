@@ -13,11 +13,12 @@ from dataclasses import dataclass, field
 from typing import Any, Mapping
 
 from gpu_tune.host.parse import ParseError, format_cpulist, parse_cpulist
-from gpu_tune.tune.policy import ProbePolicy
+from gpu_tune.tune.profile import ProbePolicy
 from gpu_tune.judge.figures import number as _num
 from gpu_tune.judge.figures import regimes
 from gpu_tune.judge.probe.baselines import REGIME_WORDS, REGIMES, Baseline, Baselines
 from gpu_tune.judge.probe.plan import ProbeTarget
+from gpu_tune.launch.runner import LOCAL_JEMALLOC_MISSING
 
 SDC_MEANING = ("this device computes a different result than healthy peers: possible silent data "
                "corruption or a broken software stack; drain the node and run the GPU vendor's "
@@ -62,7 +63,7 @@ def _throughput(result: Mapping[str, Any], base: Baseline | None, model: str,
             continue
         word = REGIME_WORDS[regime]
         got = _num((figures.get(regime) or {}).get("images_per_second"))
-        if not base.measured:
+        if not (base.measured if want.measured is None else want.measured):
             if got is not None:
                 notes.append(f"{word} training {got:.0f} images/s is {got / want.train_images_per_second:.1%} of the "
                              f"{want.train_images_per_second:g} images/s target for {model!r} (a target, not a "
@@ -114,8 +115,11 @@ def _binding(host: Mapping[str, Any], target: ProbeTarget, policy: ProbePolicy) 
                 reasons.append(f"memory allowed on NUMA node(s) {host.get('mems_allowed')!r}, "
                                f"expected {target.expected_node}")
     if policy.require_jemalloc and not host.get("jemalloc_mapped"):
-        reasons.append("jemalloc is required but not mapped in the probe process "
-                       f"(LD_PRELOAD={host.get('ld_preload', '')!r})")
+        if not str(host.get("ld_preload", "")).strip():  # nothing to preload was found here
+            reasons.append(f"probe.require_jemalloc: {LOCAL_JEMALLOC_MISSING}")
+        else:
+            reasons.append("jemalloc is required but not mapped in the probe process "
+                           f"(LD_PRELOAD={host.get('ld_preload', '')!r})")
     return reasons
 
 

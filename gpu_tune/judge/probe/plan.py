@@ -125,7 +125,7 @@ def plan_targets(topology: Any, profile: Any, gpu_backend: Any, *, gpu: str | No
 
     if device == "cpu" or (device == "auto" and not gpus):
         if numa_node is not None:
-            binding, _, blocked = _within_allowed(runner, runner.binding_for(topology, numa_node=numa_node))
+            binding, _, blocked = _within_allowed(runner, runner.binding_for_profile(topology, profile, numa_node=numa_node))
             if blocked:
                 raise InputError(f"--numa-node {numa_node}: {blocked}")
             prefix = runner.bind_prefix(binding)
@@ -147,7 +147,7 @@ def plan_targets(topology: Any, profile: Any, gpu_backend: Any, *, gpu: str | No
 
     targets = []
     for g in gpus:
-        binding, notes, blocked = _within_allowed(runner, runner.binding_for(topology, gpu=g.gpu_index))
+        binding, notes, blocked = _within_allowed(runner, runner.binding_for_profile(topology, profile, gpu=g.gpu_index))
         name, uuid = names.get(g.gpu_index, (None, None))
         wenv = runner.workload_env(binding, profile, {})
         env = dict(wenv)

@@ -30,7 +30,7 @@ from typing import Any, Iterable, Mapping, Sequence
 
 from gpu_tune.errors import InputError
 from gpu_tune.host.parse import format_cpulist
-from gpu_tune.tune.policy import ProbePolicy
+from gpu_tune.tune.profile import ProbePolicy
 from gpu_tune.judge.probe.baselines import Baselines
 from gpu_tune.judge.probe.judge import judge
 from gpu_tune.judge.probe.plan import ProbeTarget

@@ -34,7 +34,14 @@ HOST_LIB_DIRS: tuple[str, ...] = (
     "/usr/local/lib64",
 )
 LD_SO_PRELOAD = "/etc/ld.so.preload"
-INSTALL_HINT = "jemalloc is not installed on the host: apt-get install libjemalloc2 (Debian/Ubuntu) or dnf install jemalloc (RHEL/Fedora)"
+def jemalloc_missing(where: str) -> str:
+    """The one sentence for a missing jemalloc, said the same way by the audit (the host's
+    library folders) and the probe (the folders of the process that runs it)."""
+    return (f"jemalloc is not installed {where}: apt-get install libjemalloc2 (Debian/Ubuntu) or "
+            "dnf install jemalloc (RHEL/Fedora)")
+
+
+INSTALL_HINT = jemalloc_missing("on the host")
 
 
 def find_host_jemalloc(fs) -> HostPath | None:
@@ -91,10 +98,13 @@ class AllocatorKnob(Knob):
         lib = find_host_jemalloc(ctx.fs)
         rows: list[Setting] = []
         if lib is None:
+            # The profile asks for a library the host lacks: not a knob the host does without
+            # ("unsupported") but a host that cannot be brought to the profile until it is
+            # installed, as the probe (probe.require_jemalloc) says in the same words.
             rows.append(Setting("allocator.preload", "host", self._current(ctx, path)[0], "jemalloc",
-                                "unsupported", INSTALL_HINT, path))
+                                "error", INSTALL_HINT, path))
             if pol.ld_so_preload:
-                rows.append(Setting("allocator.preload", "ld.so.preload", None, "jemalloc", "unsupported",
+                rows.append(Setting("allocator.preload", "ld.so.preload", None, "jemalloc", "error",
                                     INSTALL_HINT, LD_SO_PRELOAD))
             return rows
         want_env, data = env_content(lib, pol.malloc_conf)

@@ -21,8 +21,8 @@ from gpu_tune.tune.model import Setting
 if TYPE_CHECKING:  # pragma: no cover
     from gpu_tune.gpu.base import GpuBackend
     from gpu_tune.host.fs import HostFS
-    from gpu_tune.tune.policy import Profile
-    from gpu_tune.discover.topology import Topology
+    from gpu_tune.tune.profile import Profile
+    from gpu_tune.discover.model import Topology
 
 
 @dataclass

@@ -24,7 +24,7 @@ import errno
 from dataclasses import dataclass
 from typing import Any, Iterable
 
-from gpu_tune.errors import HostError, UnsupportedWrite
+from gpu_tune.errors import HostError, NotAFile, UnsupportedWrite
 from gpu_tune.tune.model import Setting
 from gpu_tune.host.parse import ParseError, format_cpulist, format_cpumask, parse_cpulist, parse_cpumask
 from gpu_tune.tune.knobs.base import Context, Knob, encode_raw, process_table
@@ -58,6 +58,8 @@ def _read_one(ctx: Context, irq: int, parse_list, parse_mask) -> IrqFiles:
         path = f"{base}/{name}"
         try:
             raw = ctx.fs.read_bytes(path)
+        except NotAFile as exc:  # a FIFO or a device in its place: said, not passed over
+            return IrqFiles(None, None, None, str(exc), None)
         except HostError:
             continue
         text = raw.decode("utf-8", "replace").strip()

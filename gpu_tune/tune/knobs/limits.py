@@ -16,7 +16,7 @@ from __future__ import annotations
 from gpu_tune.errors import HostError
 from gpu_tune.tune.model import Setting
 from gpu_tune.host.parse import parse_limits
-from gpu_tune.tune.policy import UNLIMITED, format_limit
+from gpu_tune.tune.profile import UNLIMITED, format_limit
 from gpu_tune.tune.knobs.base import Context, Knob, process_table
 
 # comm -> (systemd unit, the runtime's own setting, if any)

@@ -13,7 +13,7 @@ from __future__ import annotations
 
 from gpu_tune.errors import HostError
 from gpu_tune.tune.model import Setting
-from gpu_tune.tune.policy import Bound
+from gpu_tune.tune.profile import Bound
 from gpu_tune.tune.knobs.base import Context, Knob
 
 

@@ -1,0 +1,182 @@
+"""The agent's pass has a deadline: one stage that never returns (a read on a hung mount, a GPU
+driver or an API server that does not answer) makes that pass report it as a failed stage,
+never stops the loop, ``/healthz`` or SIGTERM, and never piles up stuck threads; a host file
+that is a FIFO is an error row in the agent's audit, pass after pass."""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import subprocess
+import sys
+import threading
+import time
+
+from fastapi.testclient import TestClient
+
+from gpu_tune.serve.agent import Agent
+from gpu_tune.serve.app import create_app
+from tests.conftest import REPO
+from tests.test_service import World, _get, collectors
+
+
+def _stage_threads(name: str) -> int:
+    return sum(1 for t in threading.enumerate() if t.name == f"gpu-tune-stage-{name}" and t.is_alive())
+
+
+def test_a_stuck_stage_fails_its_pass_and_is_not_started_again_until_it_returns():
+    world = World()
+    gate = threading.Event()
+    real = world.discover
+
+    def discover():
+        if not gate.is_set():
+            gate.wait(60)
+        return real()
+
+    st = world.stages()
+    st.discover = discover
+    agent = Agent(st, interval=0.1, pass_deadline=0.3, probe_enabled=False)
+    try:
+        t0 = time.monotonic()
+        snap = agent.run_pass()
+        assert time.monotonic() - t0 < 5  # the deadline (at least 1 s per stage), not the 60 s wait
+        c = collectors(snap)["discover"]
+        assert not c.success and "did not finish" in c.error
+        assert collectors(snap)["audit"].success and world.calls["publish"] == 1  # the rest went on
+        assert any("discover" in ch.name or "did not finish" in ch.detail for ch in snap.verdict.checks
+                   if not ch.ok)
+        for _ in range(5):  # later passes say so at once and start no second worker
+            t0 = time.monotonic()
+            snap = agent.run_pass()
+            assert time.monotonic() - t0 < 1.0
+            assert "stuck" in collectors(snap)["discover"].error
+        assert _stage_threads("discover") == 1
+    finally:
+        gate.set()
+    deadline = time.monotonic() + 10
+    while _stage_threads("discover") and time.monotonic() < deadline:
+        time.sleep(0.05)
+    snap = agent.run_pass()
+    assert collectors(snap)["discover"].success  # it returned: started again, and fine
+
+
+def test_healthz_stays_200_and_stop_is_prompt_while_a_stage_is_stuck():
+    world = World()
+    gate = threading.Event()
+    st = world.stages()
+    st.audit = lambda: gate.wait(600)
+    agent = Agent(st, interval=0.2, pass_deadline=0.4, probe_enabled=False, jitter=0.0)
+    client = TestClient(create_app(agent.state))
+    agent.start()
+    try:
+        passes_before = None
+        for _ in range(12):
+            time.sleep(0.25)
+            r = client.get("/healthz")
+            assert r.status_code == 200, r.text
+            if passes_before is None and agent.state.passes:
+                passes_before = agent.state.passes
+        assert agent.state.passes >= (passes_before or 0) + 3  # the loop keeps passing
+        body = client.get("/readiness").json()
+        assert not body["ready"] and "audit" in json.dumps(body)
+        assert _stage_threads("audit") == 1
+        t0 = time.monotonic()
+        agent.stop(timeout=5)
+        assert time.monotonic() - t0 < 3
+    finally:
+        gate.set()
+
+
+STUCK_SERVE = r"""
+import json, sys, threading
+sys.path.insert(0, {repo!r})
+from gpu_tune.serve.options import ServeOptions
+from gpu_tune.serve.server import serve
+from tests.test_service import World
+world = World()
+st = world.stages()
+st.audit = lambda: threading.Event().wait()   # never returns
+opts = ServeOptions(host="127.0.0.1", port=0, interval=1.0)
+def ready(port):
+    print(json.dumps({{"port": port}}), flush=True)
+sys.exit(serve(opts, stages=st, ready_callback=ready))
+"""
+
+
+def test_serve_with_a_stuck_stage_answers_and_exits_on_sigterm():
+    proc = subprocess.Popen([sys.executable, "-c", STUCK_SERVE.format(repo=str(REPO))], stdout=subprocess.PIPE,
+                            stderr=subprocess.PIPE, cwd=REPO, text=True)
+    try:
+        port = json.loads(proc.stdout.readline())["port"]
+        # the first pass waits out its deadline (2 x 1 s + 5 s), then passes follow every second
+        deadline = time.monotonic() + 30
+        passes = []
+        while time.monotonic() < deadline and len(passes) < 3:
+            code, body = _get(port, "/healthz")
+            assert code == 200, body
+            doc = json.loads(body)
+            if doc["detail"].startswith("last pass"):
+                passes.append(doc["detail"])
+            time.sleep(1.0)
+        assert len(passes) >= 3, passes
+        code, body = _get(port, "/readiness")
+        assert code == 503 and b"audit" in body
+        t0 = time.monotonic()
+        proc.send_signal(signal.SIGTERM)
+        rc = proc.wait(15)
+        assert time.monotonic() - t0 < 10
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+            proc.wait()
+    assert rc == 0, proc.stderr.read()
+
+
+FIFO_SERVE = r"""
+import json, sys
+sys.path.insert(0, {repo!r})
+from gpu_tune.serve.options import ServeOptions
+from gpu_tune.serve.server import serve
+from gpu_tune.serve.stages import default_stages
+opts = ServeOptions(root={root!r}, gpu_backend="none", host="127.0.0.1", port=0, interval=1.0, no_kube=True,
+                    node="node-a")
+st = default_stages(opts)
+st.probe = lambda topology, previous: []   # no TensorFlow here
+def ready(port):
+    print(json.dumps({{"port": port}}), flush=True)
+sys.exit(serve(opts, stages=st, ready_callback=ready))
+"""
+
+
+def test_serve_with_fifos_at_host_files_reports_them_pass_after_pass(make_host):
+    root = make_host("small-2cpu")
+    for p in ("proc/sys/vm/swappiness", "proc/cmdline"):
+        os.unlink(root / p)
+        os.mkfifo(root / p)
+    proc = subprocess.Popen([sys.executable, "-c", FIFO_SERVE.format(repo=str(REPO), root=str(root))],
+                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, cwd=REPO, text=True)
+    try:
+        port = json.loads(proc.stdout.readline())["port"]
+        deadline = time.monotonic() + 30
+        rows = []
+        while time.monotonic() < deadline:
+            code, body = _get(port, "/audit")
+            if code == 200:
+                rows = json.loads(body)["settings"]
+                break
+            time.sleep(0.2)
+        errors = {r["id"]: r["detail"] for r in rows if r["status"] == "error"}
+        assert "is a FIFO" in errors.get("sysctl.vm.swappiness", ""), rows
+        assert any("/proc/cmdline: is a FIFO" in d for d in errors.values()), errors
+        time.sleep(3.0)
+        code, body = _get(port, "/healthz")
+        assert code == 200 and json.loads(body)["detail"].startswith("last pass"), body
+        proc.send_signal(signal.SIGTERM)
+        rc = proc.wait(15)
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+            proc.wait()
+    assert rc == 0, proc.stderr.read()
