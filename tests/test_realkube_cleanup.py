@@ -90,17 +90,35 @@ def test_sigterm_to_a_pytest_run_cleans_up(tmp_path, need_binaries):
     env = {**os.environ, "PYTHONPATH": str(REPO), "KUBE_CACHE_DIR": os.environ.get("KUBE_CACHE_DIR", "")}
     if not env["KUBE_CACHE_DIR"]:
         env.pop("KUBE_CACHE_DIR")
+    # SIGTERM as a CI runner sends it: whatever this run inherited (an ignored SIGTERM is kept
+    # across exec), the child starts with the default action, as a job's shell would give it
     proc = subprocess.Popen([sys.executable, "-m", "pytest", "-q", "-s", "-p", "no:cacheprovider", str(test)],
-                            cwd=tmp_path, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, env=env)
+                            cwd=tmp_path, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, env=env,
+                            start_new_session=True, preexec_fn=lambda: signal.signal(signal.SIGTERM, signal.SIG_DFL))
     procs = None
-    t0 = time.monotonic()
-    while procs is None and time.monotonic() - t0 < 60:
-        line = proc.stdout.readline()
-        if line.startswith("PIDS "):
-            procs = json.loads(line[5:])
-        elif not line and proc.poll() is not None:
-            break
-    assert procs, "the control plane did not start in the child run"
-    proc.send_signal(signal.SIGTERM)
-    out, _ = proc.communicate(timeout=60)
+    seen: list[str] = []
+    try:
+        t0 = time.monotonic()
+        while procs is None and time.monotonic() - t0 < 120:
+            line = proc.stdout.readline()
+            seen.append(line)
+            if line.startswith("PIDS "):
+                procs = json.loads(line[5:])
+            elif not line and proc.poll() is not None:
+                break
+        assert procs, f"the control plane did not start in the child run: {''.join(seen)[-2000:]}"
+        proc.send_signal(signal.SIGTERM)
+        try:
+            out, _ = proc.communicate(timeout=90)
+        except subprocess.TimeoutExpired:
+            status = Path(f"/proc/{proc.pid}/status").read_text() if proc.poll() is None else ""
+            sigs = " ".join(ln for ln in status.splitlines() if ln.startswith(("State", "SigIgn", "SigCgt", "SigBlk")))
+            pytest.fail(f"the child run did not end within 90 s of SIGTERM ({sigs}); it printed: {''.join(seen)[-1500:]}")
+    finally:
+        if proc.poll() is None:
+            os.killpg(proc.pid, signal.SIGKILL)
+            proc.communicate()
+        for pid, started in procs or []:
+            if alive(pid, started):
+                os.kill(pid, signal.SIGKILL)
     assert not any(alive(pid, started) for pid, started in procs), out[-2000:]
