@@ -6,7 +6,7 @@
 - ``kube_node`` (session): a whole node (:class:`~tests.realkube.node.Node`), root only.
 
 Without the binaries a test using them is skipped with the reason (which version, from where);
-under ``CI=true`` it fails instead. Whatever a run starts is undone by the fixtures' teardown,
+under ``CI=true`` or ``GPU_TUNE_REQUIRE_CLUSTER=1`` it fails instead. Whatever a run starts is undone by the fixtures' teardown,
 by an ``atexit`` hook if pytest ends without it, on SIGTERM (turned into KeyboardInterrupt so
 the teardown runs) and, after a run killed outright, by the janitor at the start of the next.
 The session's timings (control plane ready, node Ready, ...) are printed in pytest's summary.
@@ -35,9 +35,16 @@ def on_ci() -> bool:
     return os.environ.get("CI", "").lower() in ("1", "true", "yes")
 
 
+def required() -> bool:
+    """``CI=true``, or ``GPU_TUNE_REQUIRE_CLUSTER=1`` (``make test`` sets it when run as root with
+    the binaries beside the clone): a missing piece fails the test instead of skipping it."""
+    return on_ci() or os.environ.get("GPU_TUNE_REQUIRE_CLUSTER", "") == "1"
+
+
 def skip_or_fail(msg: str) -> None:
-    if on_ci():
-        pytest.fail(f"CI must run the real-cluster tests: {msg}", pytrace=False)
+    if required():
+        pytest.fail(f"the real-cluster tests must run here (CI=true or GPU_TUNE_REQUIRE_CLUSTER=1): {msg}",
+                    pytrace=False)
     pytest.skip(msg)
 
 
