@@ -58,17 +58,17 @@ def probe_cmd(
 
 
 @command("gain", help="Measure what the profile gains (or loses) here: the probe's launch-bound regime untuned vs "
-                       "tuned (or each setting family, or untuned vs untuned), interleaved pairs, intervals confirmed "
+                       "tuned (or each setting family, or untuned vs untuned), pairs in a random order, intervals confirmed "
                        "by an exact test. Exit 0 gain or no difference, 1 loss or inconclusive.")
 def gain_cmd(
     g: Globals,
     profile: ProfileOpt = "training",
     gpu: Annotated[Optional[str], typer.Option("--gpu", metavar="N|all", help="GPU index or 'all' [default: all]")] = None,
     pairs: Annotated[Optional[int], typer.Option("--pairs", metavar="K",
-                                                 help="Rounds: each arm once a round, A B, B A, ... (1..50) "
+                                                 help="Rounds: each arm once a round, in a random order (1..50) "
                                                       "[default: 6, 8 with --per-setting]")] = None,
     per_setting: Annotated[bool, typer.Option("--per-setting", help="Also measure each setting family alone on "
-                                                                    "top of untuned, in the same interleaved run")] = False,
+                                                                    "top of untuned, in the same rounds")] = False,
     null: Annotated[bool, typer.Option("--null", help="A/A calibration: both sides untuned, through the same "
                                                       "machinery (what the method says when nothing differs)")] = False,
     write_profile: Annotated[Optional[str], typer.Option(
@@ -76,6 +76,9 @@ def gain_cmd(
                                                 "this one and leaves out every family that measured a LOSS")] = None,
     warmup: Annotated[int, typer.Option("--warmup", metavar="N", min=0, max=10,
                                         help="Runs before the first round, not counted")] = 1,
+    seed: Annotated[Optional[int], typer.Option("--seed", metavar="N", min=0,
+                                                help="Seed of the rounds' random order, to repeat one "
+                                                     "[default: drawn; the JSON records it]")] = None,
     keep: Annotated[bool, typer.Option("--keep", help="Leave the host tuned afterwards (default: as found)")] = False,
     force: Annotated[bool, typer.Option("--force", help="Compare even when a GPU is busy with other work")] = False,
     window: Annotated[Optional[float], typer.Option("--window", metavar="S",
@@ -110,7 +113,7 @@ def gain_cmd(
     try:
         doc = gain_mod.measure_gain(fs=fs, profile=prof, backend=backend, topology=topo, gpu=gpu, pairs=pairs,
                                     keep=keep, force=force, data=data, window=window, timeout=timeout,
-                                    per_setting=per_setting, null=null, warmup=warmup,
+                                    per_setting=per_setting, null=null, warmup=warmup, seed=seed,
                                     progress=lambda m: log.info("gain: %s", m))
     finally:
         signal.signal(signal.SIGTERM, old)

@@ -1,8 +1,8 @@
 """Statistics of ``gpu-tune gain``: one arm against the untuned control, per measure. Pure.
 
 The unit of the comparison is the **pair**: one control (untuned) run and one run of the arm next
-to it, in a balanced order (A/B, B/A, …), so that drift, warm-up and a neighbour's load fall on
-both. For each measure and pair, ``r = log(arm / control)``; the estimate is the geometric mean of
+to it, in an order drawn at random for each pair, so that drift, warm-up and a neighbour's load fall on
+either side by chance, never on one by design. For each measure and pair, ``r = log(arm / control)``; the estimate is the geometric mean of
 the pairs' ratios, ``exp(mean r)``.
 
 Two things must agree before a difference is called one:
