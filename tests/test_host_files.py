@@ -21,7 +21,8 @@ from pathlib import Path
 import pytest
 
 from gpu_tune.errors import NotAFile
-from gpu_tune.host.fs import READ_CAP, HostFS
+from gpu_tune.host.files import READ_CAP
+from gpu_tune.host.fs import HostFS
 from tests.conftest import REPO, jdoc, run_cli, snapshot_tree
 
 SWAPPINESS = "/proc/sys/vm/swappiness"

@@ -36,8 +36,8 @@ from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any, Iterable
 
 from gpu_tune.discover.model import NumaNode, NumaSource, PciDevice, Topology, nic_name
-from gpu_tune.errors import HostError
-from gpu_tune.host.fs import TABLE_READ_CAP, NotAFile
+from gpu_tune.errors import HostError, NotAFile
+from gpu_tune.host.files import TABLE_READ_CAP
 from gpu_tune.host.parse import (MAX_CPU, normalize_bus_id, ParseError, format_cpulist, irqs_named, parse_cpulist, parse_cpumask, parse_int,
                     parse_interrupts, parse_link_speed, parse_link_width, parse_meminfo)
 

@@ -127,7 +127,7 @@ class FixtureBackend:
 
     # -- loading --------------------------------------------------------------------------------
     def _load(self) -> dict[str, Any]:
-        from gpu_tune.host.fs import read_local_file
+        from gpu_tune.host.files import read_local_file
         from gpu_tune.strict import BadText, DuplicateKey, check_text, json_loads
 
         p = self.path
@@ -253,7 +253,7 @@ class FixtureBackend:
 
     # -- writing back ---------------------------------------------------------------------------
     def _write(self) -> None:
-        from gpu_tune.host.fs import atomic_write
+        from gpu_tune.host.files import atomic_write
 
         data = (json.dumps(self._data, indent=2) + "\n").encode()
         p = self.path

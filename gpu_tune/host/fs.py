@@ -35,10 +35,10 @@ import logging
 import os
 import re
 import stat
-import tempfile
 from pathlib import Path
 
 from gpu_tune.errors import HostError, InputError, NotAFile
+from gpu_tune.host.files import O_READ, O_WRITE, READ_CAP, file_kind, os_reason, read_capped, size_text
 from gpu_tune.host.resolve import O_CLOEXEC, O_PATH, Escape, Openat2Resolver, WalkResolver, libc
 
 # Filesystems whose files are kernel interfaces: a write is a request, not a byte copy.
@@ -46,112 +46,8 @@ KERNEL_FS_TYPES = frozenset({"proc", "sysfs", "cgroup", "cgroup2", "debugfs", "s
 # Their statfs(2) f_type magic numbers (linux/magic.h).
 _KERNEL_FS_MAGIC = frozenset({0x9FA0, 0x62656572, 0x27E0EB, 0x63677270, 0x64626720, 0x73636673, 0x62656570})
 
-# What one read of a host file may return, in bytes. One-value kernel files hold a few bytes
-# (an 8,192-CPU affinity mask is 2.3 KB); tables that grow with the machine are larger.
-READ_CAP = 1 << 20
-# /proc/interrupts and /proc/cpuinfo: megabytes on a 224-CPU node with a few thousand IRQs.
-TABLE_READ_CAP = 64 << 20
-
-_O_READ = os.O_RDONLY | os.O_NONBLOCK | os.O_NOCTTY
-_O_WRITE = os.O_WRONLY | os.O_NONBLOCK | os.O_NOCTTY
 # The temporary file of an atomic write: ``.<name>.<12 hex digits>`` beside ``<name>``.
 _TEMP_RE = re.compile(r"\.(?P<name>.+)\.[0-9a-f]{12}")
-
-
-def _kind(mode: int) -> str | None:
-    """What a file that is not a regular file is, in words; None for a regular file."""
-    if stat.S_ISREG(mode):
-        return None
-    if stat.S_ISFIFO(mode):
-        return "a FIFO (named pipe)"
-    if stat.S_ISCHR(mode):
-        return "a character device"
-    if stat.S_ISBLK(mode):
-        return "a block device"
-    if stat.S_ISSOCK(mode):
-        return "a socket"
-    if stat.S_ISDIR(mode):
-        return "a directory"
-    if stat.S_ISLNK(mode):
-        return "a symlink"
-    return "not a regular file"
-
-
-def _size(n: int) -> str:
-    for unit, div in (("GiB", 1 << 30), ("MiB", 1 << 20), ("KiB", 1 << 10)):
-        if n >= div and n % div == 0:
-            return f"{n // div} {unit}"
-    return f"{n:,} bytes"
-
-
-def read_capped(fd: int, limit: int) -> bytes | None:
-    """At most ``limit`` bytes from ``fd``; None when it holds more (``limit + 1`` are read at
-    most, whatever the file says its size is)."""
-    chunks = []
-    left = limit + 1
-    while left > 0:
-        b = os.read(fd, min(65536, left))
-        if not b:
-            break
-        chunks.append(b)
-        left -= len(b)
-    return None if left <= 0 else b"".join(chunks)
-
-
-def read_local_file(path: str | os.PathLike[str], limit: int, what: str = "file") -> bytes:
-    """A file of this process's own (a profile, a GPU fixture), read as host files are: only a
-    regular file, opened non-blocking, at most ``limit`` bytes. Raises OSError (its
-    ``strerror`` says what the file is, or that it is too large for a ``what``)."""
-    fd = os.open(path, _O_READ | os.O_CLOEXEC)
-    try:
-        st = os.fstat(fd)
-        if stat.S_ISDIR(st.st_mode):
-            raise IsADirectoryError(errno.EISDIR, os.strerror(errno.EISDIR), os.fspath(path))
-        kind = _kind(st.st_mode)
-        if kind is not None:
-            raise OSError(errno.EINVAL, f"is {kind}, not a file", os.fspath(path))
-        data = None if st.st_size > limit else read_capped(fd, limit)
-        if data is None:
-            raise OSError(errno.EFBIG, f"larger than {_size(limit)}: too large for a {what}", os.fspath(path))
-        return data
-    finally:
-        os.close(fd)
-
-
-
-def _reason(exc: OSError) -> str:
-    code = errno.errorcode.get(exc.errno or 0, "")
-    text = exc.strerror or str(exc)
-    return f"{text} ({code})" if code else text
-
-
-def atomic_write(path: Path, data: bytes, mode: int = 0o644) -> None:
-    """Replace ``path`` crash-safely: a temp file beside it, fsync, rename over, fsync the folder.
-
-    For files this process owns (a GPU fixture file), not for host files: those go through
-    :meth:`HostFS.write_file_atomic`. A crash at any point leaves either the old file or the new
-    one, never a torn one. Raises OSError.
-    """
-    path.parent.mkdir(parents=True, exist_ok=True)
-    fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", dir=path.parent)
-    try:
-        with os.fdopen(fd, "wb") as fh:
-            fh.write(data)
-            fh.flush()
-            os.fsync(fh.fileno())
-        os.chmod(tmp, mode)
-        os.replace(tmp, path)
-    except BaseException:
-        try:
-            os.unlink(tmp)
-        except OSError:
-            pass
-        raise
-    dfd = os.open(path.parent, os.O_RDONLY)
-    try:
-        os.fsync(dfd)
-    finally:
-        os.close(dfd)
 
 
 # -- resolving beneath a root ---------------------------------------------------------------
@@ -208,8 +104,8 @@ class HostFS:
                 why = "the kernel has openat2"
             except OSError as exc:
                 if choice == "openat2":
-                    raise InputError(f"openat2 is not available here: {_reason(exc)}") from None
-                why = f"openat2 is not available ({_reason(exc)})"
+                    raise InputError(f"openat2 is not available here: {os_reason(exc)}") from None
+                why = f"openat2 is not available ({os_reason(exc)})"
         self.resolver = self._resolve.name
         logging.getLogger("gpu_tune").debug("host paths resolve beneath %s with %s: %s", self.root,
                                             self.resolver, why)
@@ -289,7 +185,7 @@ class HostFS:
                              f"outside --root {self.root}", errno.EXDEV)
         if exc.errno == errno.EISDIR:
             return HostError(f"{host_path}: is a directory, expected a file", exc.errno)
-        msg = f"{what}{host_path}: {_reason(exc)}"
+        msg = f"{what}{host_path}: {os_reason(exc)}"
         esc = self.escape(host_path)
         if esc is not None:
             msg += f" ({esc}; it is followed beneath the root)"
@@ -313,7 +209,7 @@ class HostFS:
     def _read_file(self, host_path: str, limit: int) -> bytes:
         rel = self._rel(host_path)
         try:
-            fd = self._open(rel, _O_READ)
+            fd = self._open(rel, O_READ)
         except OSError as exc:
             kind = self._kind_at(rel) if exc.errno in (errno.ENXIO, errno.ENODEV) else None
             if kind is not None:  # a socket, a device with nothing behind it
@@ -321,7 +217,7 @@ class HostFS:
             raise self._error(host_path, exc) from None
         try:
             st = os.fstat(fd)
-            kind = _kind(st.st_mode)
+            kind = file_kind(st.st_mode)
             if kind == "a directory":
                 raise HostError(f"{host_path}: is a directory, expected a file", errno.EISDIR)
             if kind is not None:
@@ -329,7 +225,7 @@ class HostFS:
             # a regular file on an ordinary filesystem says its size; a kernel file does not
             data = None if st.st_size > limit and _fs_magic(fd) not in _KERNEL_FS_MAGIC else read_capped(fd, limit)
             if data is None:
-                raise NotAFile(f"{host_path}: larger than {_size(limit)}, too large for this file: not read",
+                raise NotAFile(f"{host_path}: larger than {size_text(limit)}, too large for this file: not read",
                                errno.EFBIG)
             return data
         except OSError as exc:
@@ -392,7 +288,7 @@ class HostFS:
     # -- writing ---------------------------------------------------------------------------
     def _one_name(self, host_path: str, st: os.stat_result) -> None:
         """Refuse to write a file that is not a regular file or that has another name."""
-        kind = _kind(st.st_mode)
+        kind = file_kind(st.st_mode)
         if kind is not None:
             raise NotAFile(f"{host_path}: not written: it is {kind}, not a file", errno.EINVAL)
         if st.st_nlink > 1:
@@ -405,14 +301,14 @@ class HostFS:
         except OSError:
             return None
         try:
-            return _kind(os.fstat(fd).st_mode)
+            return file_kind(os.fstat(fd).st_mode)
         finally:
             os.close(fd)
 
     def _write_into(self, host_path: str, data: bytes, what: str) -> None:
         rel = self._rel(host_path)
         try:
-            fd = self._open(rel, _O_WRITE, write=True)
+            fd = self._open(rel, O_WRITE, write=True)
         except OSError as exc:
             kind = self._kind_at(rel) if exc.errno in (errno.ENXIO, errno.ENODEV) else None
             if kind is not None:  # a FIFO with no reader, a device with nothing behind it

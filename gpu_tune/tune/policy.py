@@ -57,7 +57,7 @@ def read_yaml(path: Path, what: str = "policy file") -> Any:
     encoded, is one :class:`InputError` naming the file. Returns None for a file with no document."""
     import yaml
 
-    from gpu_tune.host.fs import read_local_file
+    from gpu_tune.host.files import read_local_file
     from gpu_tune.strict import BadText, DuplicateKey, check_text, yaml_load
 
     try:

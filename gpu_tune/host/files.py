@@ -1,0 +1,118 @@
+"""Plain files, read and written safely: bounded non-blocking reads of regular files only, and
+crash-safe atomic replacement. No root and no resolution here: :class:`gpu_tune.host.fs.HostFS`
+uses these for the host's files beneath its root; a profile or a GPU fixture file of this process's
+own uses them directly (:func:`read_local_file`, :func:`atomic_write`).
+"""
+
+from __future__ import annotations
+
+import errno
+import os
+import stat
+import tempfile
+from pathlib import Path
+
+# What one read of a host file may return, in bytes. One-value kernel files hold a few bytes
+# (an 8,192-CPU affinity mask is 2.3 KB); tables that grow with the machine are larger.
+READ_CAP = 1 << 20
+# /proc/interrupts and /proc/cpuinfo: megabytes on a 224-CPU node with a few thousand IRQs.
+TABLE_READ_CAP = 64 << 20
+
+O_READ = os.O_RDONLY | os.O_NONBLOCK | os.O_NOCTTY
+O_WRITE = os.O_WRONLY | os.O_NONBLOCK | os.O_NOCTTY
+
+
+def file_kind(mode: int) -> str | None:
+    """What a file that is not a regular file is, in words; None for a regular file."""
+    if stat.S_ISREG(mode):
+        return None
+    if stat.S_ISFIFO(mode):
+        return "a FIFO (named pipe)"
+    if stat.S_ISCHR(mode):
+        return "a character device"
+    if stat.S_ISBLK(mode):
+        return "a block device"
+    if stat.S_ISSOCK(mode):
+        return "a socket"
+    if stat.S_ISDIR(mode):
+        return "a directory"
+    if stat.S_ISLNK(mode):
+        return "a symlink"
+    return "not a regular file"
+
+
+def size_text(n: int) -> str:
+    for unit, div in (("GiB", 1 << 30), ("MiB", 1 << 20), ("KiB", 1 << 10)):
+        if n >= div and n % div == 0:
+            return f"{n // div} {unit}"
+    return f"{n:,} bytes"
+
+
+def read_capped(fd: int, limit: int) -> bytes | None:
+    """At most ``limit`` bytes from ``fd``; None when it holds more (``limit + 1`` are read at
+    most, whatever the file says its size is)."""
+    chunks = []
+    left = limit + 1
+    while left > 0:
+        b = os.read(fd, min(65536, left))
+        if not b:
+            break
+        chunks.append(b)
+        left -= len(b)
+    return None if left <= 0 else b"".join(chunks)
+
+
+def read_local_file(path: str | os.PathLike[str], limit: int, what: str = "file") -> bytes:
+    """A file of this process's own (a profile, a GPU fixture), read as host files are: only a
+    regular file, opened non-blocking, at most ``limit`` bytes. Raises OSError (its
+    ``strerror`` says what the file is, or that it is too large for a ``what``)."""
+    fd = os.open(path, O_READ | os.O_CLOEXEC)
+    try:
+        st = os.fstat(fd)
+        if stat.S_ISDIR(st.st_mode):
+            raise IsADirectoryError(errno.EISDIR, os.strerror(errno.EISDIR), os.fspath(path))
+        kind = file_kind(st.st_mode)
+        if kind is not None:
+            raise OSError(errno.EINVAL, f"is {kind}, not a file", os.fspath(path))
+        data = None if st.st_size > limit else read_capped(fd, limit)
+        if data is None:
+            raise OSError(errno.EFBIG, f"larger than {size_text(limit)}: too large for a {what}", os.fspath(path))
+        return data
+    finally:
+        os.close(fd)
+
+
+
+def os_reason(exc: OSError) -> str:
+    code = errno.errorcode.get(exc.errno or 0, "")
+    text = exc.strerror or str(exc)
+    return f"{text} ({code})" if code else text
+
+
+def atomic_write(path: Path, data: bytes, mode: int = 0o644) -> None:
+    """Replace ``path`` crash-safely: a temp file beside it, fsync, rename over, fsync the folder.
+
+    For files this process owns (a GPU fixture file), not for host files: those go through
+    :meth:`HostFS.write_file_atomic`. A crash at any point leaves either the old file or the new
+    one, never a torn one. Raises OSError.
+    """
+    path.parent.mkdir(parents=True, exist_ok=True)
+    fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", dir=path.parent)
+    try:
+        with os.fdopen(fd, "wb") as fh:
+            fh.write(data)
+            fh.flush()
+            os.fsync(fh.fileno())
+        os.chmod(tmp, mode)
+        os.replace(tmp, path)
+    except BaseException:
+        try:
+            os.unlink(tmp)
+        except OSError:
+            pass
+        raise
+    dfd = os.open(path.parent, os.O_RDONLY)
+    try:
+        os.fsync(dfd)
+    finally:
+        os.close(dfd)
