@@ -4,6 +4,7 @@ untuned, so every gain or LOSS is a false alarm), the profile, and ``--per-setti
     .venv/bin/python benchmarks/bench_gain_calibration.py [--mode null|profile|per-setting]
         [--runs N] [--hogs K] [--pairs P] [--window S] [--profile training] [--out FILE.jsonl]
         [--old-rule]
+    .venv/bin/python benchmarks/bench_gain_calibration.py --mode synthetic [--runs 1000]
 
 Each run is one real ``gpu-tune gain --root <fixture copy of small-2cpu> --gpu-backend none -o
 json`` (the probe on this machine's CPU; nothing outside the fixture tree is written). ``--hogs K``
@@ -12,6 +13,11 @@ run (verdict, images/s change and interval, seconds, median CPU pressure) and th
 how many runs said gain, LOSS, no significant difference and inconclusive, and the false-alarm
 rate of the A/A runs with its 95 % upper bound (Clopper-Pearson), against the 5 % (2.5 % each way)
 a 95 % verdict promises.
+
+``--mode synthetic`` runs no process: the A/A experiments of ``tests/test_gain_stats.py`` (3 noise
+kinds x 4 load shapes, at 3, 6 and 8 pairs; ``--runs`` experiments per shape, default 1,000),
+each judged by today's rule and by the t interval alone, and prints the false LOSS and gain
+counts per shape and in all (about 20 s).
 
 ``--old-rule`` re-judges every run's pairs with the t interval alone (the rule before the exact
 test, no warm-up run discarded is not replayed): what the same runs would have been called then.
@@ -82,10 +88,51 @@ def old_rule(doc: dict) -> str:
     return SAME if lo >= 1 - TOLERANCE and hi <= 1 + TOLERANCE else INCONCLUSIVE
 
 
+def t_only(a: list[float], b: list[float]) -> str:
+    """The verdict by the t interval alone (95 %) of the pairs ``(a[i], b[i])``."""
+    from gpu_tune.judge.gain.stats import GAIN, INCONCLUSIVE, LOSS, t975
+
+    r = [math.log(y / x) for x, y in zip(a, b)]
+    n = len(r)
+    m = sum(r) / n
+    half = t975(n - 1) * math.sqrt(sum((x - m) ** 2 for x in r) / (n - 1)) / math.sqrt(n)
+    return GAIN if m - half > 0 else LOSS if m + half < 0 else INCONCLUSIVE
+
+
+def synthetic(per_shape: int) -> int:
+    import zlib
+
+    from gpu_tune.judge.gain.stats import GAIN, LOSS, compare
+    from tests.test_gain_stats import aa_experiment
+
+    print(f"A/A experiments, {per_shape} per shape: false LOSS and gain, by the t interval alone and by "
+          "today's rule (interval and exact test)")
+    print(f"{'noise':7} {'load':7} {'pairs':>5}   {'t alone: loss':>13} {'gain':>5}   {'now: loss':>9} {'gain':>5}")
+    for n in (3, 6, 8):
+        tot = [0, 0, 0, 0]
+        for kind in ("normal", "heavy", "skewed"):
+            for load in ("steady", "drift", "bursts", "hogs"):
+                c = [0, 0, 0, 0]
+                for s in range(per_shape):
+                    a, b = aa_experiment(n, kind, load, seed=zlib.crc32(f"doc/{kind}/{load}/{n}/{s}".encode()))
+                    o = t_only(a, b)
+                    v = compare("images_per_second", a, b).verdict
+                    c[0] += o == LOSS
+                    c[1] += o == GAIN
+                    c[2] += v == LOSS
+                    c[3] += v == GAIN
+                tot = [x + y for x, y in zip(tot, c)]
+                print(f"{kind:7} {load:7} {n:5}   {c[0]:13} {c[1]:5}   {c[2]:9} {c[3]:5}")
+        k = 12 * per_shape
+        print(f"{n} pairs, all {k:,}: t alone LOSS {tot[0]} ({tot[0] / k:.1%}), gain {tot[1]} ({tot[1] / k:.1%}); "
+              f"now LOSS {tot[2]} ({tot[2] / k:.1%}), gain {tot[3]} ({tot[3] / k:.1%}); promised at most 2.5% each")
+    return 0
+
+
 def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    ap.add_argument("--mode", choices=("null", "profile", "per-setting"), default="null")
-    ap.add_argument("--runs", type=int, default=10)
+    ap.add_argument("--mode", choices=("null", "profile", "per-setting", "synthetic"), default="null")
+    ap.add_argument("--runs", type=int, default=None, help="runs [default: 10; 1,000 per shape with synthetic]")
     ap.add_argument("--hogs", type=int, default=0, help="busy loops kept running (nproc: every CPU busy)")
     ap.add_argument("--pairs", type=int, default=None, help="gpu-tune gain --pairs [default: gain's own]")
     ap.add_argument("--window", type=float, default=None)
@@ -94,6 +141,9 @@ def main() -> int:
     ap.add_argument("--out", default=None, help="append each run's JSON document to this file")
     ap.add_argument("--old-rule", action="store_true", help="also judge by the t interval alone")
     a = ap.parse_args()
+    if a.mode == "synthetic":
+        return synthetic(a.runs or 1000)
+    a.runs = a.runs or 10
 
     hogs = [subprocess.Popen([sys.executable, "-c", "while 1: pass"]) for _ in range(a.hogs)]
     counts: dict[str, int] = {}
