@@ -109,11 +109,11 @@ def test_sigterm_to_a_pytest_run_cleans_up(tmp_path, need_binaries):
         assert procs, f"the control plane did not start in the child run: {''.join(seen)[-2000:]}"
         proc.send_signal(signal.SIGTERM)
         try:
-            out, _ = proc.communicate(timeout=90)
+            out, _ = proc.communicate(timeout=300)  # the teardown stops etcd and kube-apiserver; slow on a busy machine
         except subprocess.TimeoutExpired:
             status = Path(f"/proc/{proc.pid}/status").read_text() if proc.poll() is None else ""
             sigs = " ".join(ln for ln in status.splitlines() if ln.startswith(("State", "SigIgn", "SigCgt", "SigBlk")))
-            pytest.fail(f"the child run did not end within 90 s of SIGTERM ({sigs}); it printed: {''.join(seen)[-1500:]}")
+            pytest.fail(f"the child run did not end within 300 s of SIGTERM ({sigs}); it printed: {''.join(seen)[-1500:]}")
     finally:
         if proc.poll() is None:
             os.killpg(proc.pid, signal.SIGKILL)
