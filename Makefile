@@ -24,7 +24,7 @@ UV_COMPILE := $(BIN)/uv pip compile --quiet --no-config --python-version 3.11 \
 # `make run` needs the agent and the probe's TensorFlow (CPU) only; `make test` adds the test tools.
 $(VENV)/.run: pyproject.toml
 	@echo "gpu-tune: setting up $(VENV) with the agent and TensorFlow (CPU) for its probe:" \
-	  "about 420 MB to download and 1.7 GB on disk, 2-3 minutes the first time" >&2
+	  "about 420 MB to download and 2.1 GB on disk, 1.5-3 minutes the first time" >&2
 	$(PYTHON) -m venv $(VENV)
 	$(PIP) install -q --upgrade pip
 	$(PIP) install -q -e '.[probe]'
