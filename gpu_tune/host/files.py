@@ -22,23 +22,17 @@ O_READ = os.O_RDONLY | os.O_NONBLOCK | os.O_NOCTTY
 O_WRITE = os.O_WRONLY | os.O_NONBLOCK | os.O_NOCTTY
 
 
+# What a file that is not a regular file is, in words, by its stat(2) type test.
+_KINDS = ((stat.S_ISFIFO, "a FIFO (named pipe)"), (stat.S_ISCHR, "a character device"),
+          (stat.S_ISBLK, "a block device"), (stat.S_ISSOCK, "a socket"), (stat.S_ISDIR, "a directory"),
+          (stat.S_ISLNK, "a symlink"))
+
+
 def file_kind(mode: int) -> str | None:
     """What a file that is not a regular file is, in words; None for a regular file."""
     if stat.S_ISREG(mode):
         return None
-    if stat.S_ISFIFO(mode):
-        return "a FIFO (named pipe)"
-    if stat.S_ISCHR(mode):
-        return "a character device"
-    if stat.S_ISBLK(mode):
-        return "a block device"
-    if stat.S_ISSOCK(mode):
-        return "a socket"
-    if stat.S_ISDIR(mode):
-        return "a directory"
-    if stat.S_ISLNK(mode):
-        return "a symlink"
-    return "not a regular file"
+    return next((words for test, words in _KINDS if test(mode)), "not a regular file")
 
 
 def size_text(n: int) -> str:
