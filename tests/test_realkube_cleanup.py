@@ -122,3 +122,24 @@ def test_sigterm_to_a_pytest_run_cleans_up(tmp_path, need_binaries):
             if alive(pid, started):
                 os.kill(pid, signal.SIGKILL)
     assert not any(alive(pid, started) for pid, started in procs), out[-2000:]
+
+
+@pytest.mark.parametrize("env,fails", [({}, False), ({"CI": "true"}, True), ({"GPU_TUNE_REQUIRE_CLUSTER": "1"}, True),
+                                       ({"GPU_TUNE_REQUIRE_CLUSTER": ""}, False)])
+def test_a_missing_piece_skips_unless_the_cluster_tests_are_required(monkeypatch, env, fails):
+    """make test as root with the binaries beside the clone (CI) sets GPU_TUNE_REQUIRE_CLUSTER=1:
+    then a missing binary or package fails the test instead of skipping it."""
+    from tests.realkube.plugin import skip_or_fail
+
+    monkeypatch.delenv("CI", raising=False)
+    monkeypatch.delenv("GPU_TUNE_REQUIRE_CLUSTER", raising=False)
+    for k, v in env.items():
+        monkeypatch.setenv(k, v)
+    with pytest.raises(pytest.fail.Exception if fails else pytest.skip.Exception, match="kube-apiserver"):
+        skip_or_fail("kube-apiserver v1.36.2 is not here")
+
+
+def test_make_test_requires_the_cluster_tests_as_root_with_the_binaries_beside_the_clone():
+    text = (REPO / "Makefile").read_text()
+    assert "REQUIRE_CLUSTER := $(shell [ -d ../shared/kube ] && [ \"$$(id -u)\" = 0 ] && echo 1)" in text
+    assert "GPU_TUNE_REQUIRE_CLUSTER=$(REQUIRE_CLUSTER) $(BIN)/pytest -q" in text

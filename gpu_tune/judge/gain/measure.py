@@ -24,8 +24,8 @@ runs, a timer) then falls on the same arm every time, and on this VM an A/A run 
 measured the second arm 4.5 % faster over 48 pairs (about 3 standard errors). Drawn at random,
 such a disturbance is noise in the interval, not a bias, and the exact sign-flip test in
 :mod:`~gpu_tune.judge.gain.stats` is exact by construction: under "no difference" each pair's
-order, and so the sign of its ratio, was a fair coin. One warm-up run of the control comes first and is not counted (the first
-process of a series pays for cold caches). Every host switch goes through the engine: families on
+order, and so the sign of its ratio, was a fair coin. One warm-up run of the control comes first
+and is not counted (the first process of a series pays for cold caches). Every host switch goes through the engine: families on
 is :func:`gpu_tune.tune.engine.apply` with those knobs (originals journalled before any write),
 untuned is :func:`gpu_tune.tune.engine.revert`. A SIGKILL at any moment therefore loses nothing:
 ``gpu-tune revert`` restores every original byte for byte. At the end the host is left as it was
