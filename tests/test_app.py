@@ -36,7 +36,7 @@ def test_before_first_pass(served):
     r = client.get("/readiness")
     assert r.status_code == 503
     body = r.json()
-    assert set(body) == {"ready", "node", "profile", "checks", "since"}
+    assert set(body) == {"ready", "node", "profile", "reason", "message", "checks", "since"}
     assert body["ready"] is False and body["checks"][0]["name"] == "agent.started"
     assert client.get("/healthz").status_code == 200
     for path in ("/audit", "/topology", "/probe"):
@@ -53,10 +53,11 @@ def test_snapshot_served_as_is(served):
     r = client.get("/readiness")
     assert r.status_code == 503  # drift and a failed probe
     body = r.json()
-    assert list(body) == ["ready", "node", "profile", "checks", "since"]
+    assert list(body) == ["ready", "node", "profile", "reason", "message", "checks", "since"]
     assert body["node"] == "gpu-node-1" and body["profile"] == "training"
     assert body["since"] == "2025-01-01T00:00:00Z"
-    assert all(set(c) == {"name", "ok", "detail"} for c in body["checks"])
+    assert all(set(c) == {"name", "ok", "severity", "detail"} for c in body["checks"])
+    assert body["reason"] == snap.verdict.reason() and body["message"] == snap.verdict.message()
     assert r.content == snap.readiness_body
     assert client.get("/audit").json()["settings"][0]["id"] == "sysctl.vm.swappiness"
     assert client.get("/topology").json()["gpus"][1]["pcie"]["gen_current"] == 4
@@ -75,7 +76,9 @@ def test_ready_is_200():
                                  since=0.0, created=0.0))
     r = TestClient(create_app(state)).get("/readiness")
     assert r.status_code == 200 and r.json() == {"ready": True, "node": "n", "profile": "inference",
-                                                 "checks": [{"name": "x", "ok": True, "detail": "fine"}],
+                                                 "reason": "AllChecksPassed", "message": "all 1 checks passed",
+                                                 "checks": [{"name": "x", "ok": True, "severity": "fatal",
+                                                             "detail": "fine"}],
                                                  "since": "1970-01-01T00:00:00Z"}
 
 
@@ -134,7 +137,7 @@ def test_openapi_schema_served(served):
     assert set(ENDPOINTS) <= set(schema["paths"])
     assert list(schema["paths"]["/readiness"]) == ["get"]
     ready = schema["components"]["schemas"]["ReadinessModel"]
-    assert set(ready["properties"]) == {"ready", "node", "profile", "checks", "since"}
+    assert set(ready["properties"]) == {"ready", "node", "profile", "reason", "message", "checks", "since"}
 
 
 def test_bodies_are_json(served):

@@ -237,10 +237,11 @@ def test_summary_annotation_shape():
     assert doc["v"] == 1
     assert doc["drift"] == 5  # 1 sysctl + 3 CPUs in drift + 1 IRQ in conflict; ok and unsupported do not count
     failing = {f["check"]: f["detail"] for f in doc["failing"]}
-    assert set(failing) == {"tuning.compliant", "gpu.1.healthy", "probe.1.passed"}
+    assert set(failing) == {"tuning.compliant", "gpu.pcie", "gpu.thermal", "probe.1.passed"}
     assert "sysctl.vm.swappiness[host] drift: 60 != 0" in failing["tuning.compliant"]
-    assert "PCIe link trained down (Gen4 of Gen5 under load)" in failing["gpu.1.healthy"]
-    assert "temperature above 83 C" in failing["gpu.1.healthy"]
+    assert "PCIe link trained down (Gen4 of Gen5 under load)" in failing["gpu.pcie"]
+    assert "temperature above 83 C" in failing["gpu.thermal"]
+    assert "warnings" not in doc
     assert "accuracy 0.41 < 0.90" in failing["probe.1.passed"]
     assert doc["probe"] == {
         "0": {"status": "passed", "accuracy": 0.9812, "fingerprint": "3f2a9c1d",
@@ -272,7 +273,7 @@ def test_summary_without_facts_and_bounded():
                                          gpus=[], driver_version=None).annotations[ANNOTATION_SUMMARY])
     assert bare == {"v": 1, "drift": None, "failing": [], "probe": {}}
     # 64 GPUs, every check failing with a long detail, long peer groups: still bounded, still JSON
-    checks = [{"name": f"gpu.{i}.healthy", "ok": False, "detail": "x" * 5000} for i in range(64)]
+    checks = [{"name": f"probe.{i}.passed", "ok": False, "detail": "x" * 5000} for i in range(64)]
     probes = [probe_verdict(str(i), probe_result(peer_group="p" * 1000)) for i in range(64)]
     text = summary_annotation(node_summary(audit={"settings": [{"status": "drift"}] * 5000}, checks=checks,
                                            probes=probes))
@@ -281,3 +282,16 @@ def test_summary_without_facts_and_bounded():
     assert doc["drift"] == 5000 and doc["failing_more"] == 64 - len(doc["failing"])
     assert all(len(f["detail"]) <= 240 for f in doc["failing"])
     assert len(doc["probe"]) + doc.get("probe_more", 0) == 64
+
+
+def test_summary_names_warnings_without_their_figures():
+    """A warning is reported by name (its figures move with time: a flap count, minutes of slowdown)
+    and never listed among the failing checks."""
+    from gpu_tune.cluster.labels import node_summary
+
+    checks = [{"name": "network.link_flaps", "ok": False, "severity": "warning", "detail": "mlx5_0/1: 3 flap(s)"},
+              {"name": "gpu.memory", "ok": False, "severity": "fatal", "detail": "GPU 0: row remap pending"},
+              {"name": "gpu.inforom", "ok": True, "severity": "warning", "detail": "valid"}]
+    doc = node_summary(audit=None, checks=checks, probes=None)
+    assert [f["check"] for f in doc["failing"]] == ["gpu.memory"]
+    assert doc["warnings"] == ["network.link_flaps"]

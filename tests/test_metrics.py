@@ -121,7 +121,13 @@ def test_contract_names_and_dcgm_labels():
     assert s[("gpu_tune_ready", ())] == 0.0
     assert s[("gpu_tune_setting_compliant", (("id", "sysctl.vm.swappiness"),))] == 0.0
     assert s[("gpu_tune_setting_targets", (("id", "sysctl.vm.swappiness"), ("status", "drift")))] == 1.0
-    assert s[("gpu_tune_check_ok", (("check", "gpu.1.healthy"),))] == 0.0  # link trained down
+    assert s[("gpu_tune_check_ok", (("check", "gpu.pcie"),))] == 0.0  # GPU 1's link trained down
+    failing = {k: v for k, v in s.items() if k[0] == "gpu_tune_gpu_check_failing"}
+    assert len(failing) == 1  # only the GPU and check that fail have a series
+    (key, value), = failing.items()
+    lab = dict(key[1])
+    assert (lab["gpu"], lab["check"], lab["severity"], lab["pci_bus_id"], value) == (
+        "1", "gpu.pcie", "fatal", "00000000:19:00.0", 1.0)
 
 
 def gpu_series(body: bytes, name: str, gpu: str) -> dict[tuple, float]:

@@ -43,8 +43,9 @@ wrote; stale ones are removed on the next publish, others' labels are never touc
                      "peer_group": "NVIDIA H100 80GB HBM3 | driver 580 | ..."}}}
 
 ``drift`` is the number of audit rows in drift, conflict or error (null before the first audit);
-``failing`` the failing readiness checks with their detail (readings that move from pass to pass,
-a GPU's utilization or temperature, are left out of it); ``probe`` one entry per probe target: its
+``failing`` the failing fatal readiness checks with their detail (readings that move from pass to
+pass, a GPU's utilization or temperature, are left out of it); ``warnings`` (only when some fail)
+the names of the failing warning checks; ``probe`` one entry per probe target: its
 status, the accuracy and fingerprint of the deterministic run; ``gain`` (only when the agent
 measured it at its start) the node's ``gpu-tune gain`` verdict with the images/s ratio of its
 median target and that ratio's 95 % interval, rounded to two decimals (``{"verdict": "gain",
@@ -316,11 +317,16 @@ def node_summary(*, audit: Mapping[str, Any] | None, checks: Iterable[Any] | Non
     drift = None
     if isinstance(audit, Mapping):
         drift = sum(1 for r in audit.get("settings", []) or [] if _get(r, "status") in NONCOMPLIANT)
+    checks = list(checks or [])
     failing = [{"check": str(_get(c, "name")), "detail": stable_detail(_get(c, "detail") or "")}
-               for c in checks or [] if not _get(c, "ok")]
+               for c in checks if not _get(c, "ok") and (_get(c, "severity") or "fatal") == "fatal"]
     doc: dict[str, Any] = {"v": SUMMARY_VERSION, "drift": drift, "failing": failing[:MAX_SUMMARY_FAILING]}
     if len(failing) > MAX_SUMMARY_FAILING:
         doc["failing_more"] = len(failing) - MAX_SUMMARY_FAILING
+    # warnings by name only: their figures (a flap count, a slowdown's minutes) move with time
+    warn = sorted({str(_get(c, "name")) for c in checks if not _get(c, "ok") and _get(c, "severity") == "warning"})
+    if warn:
+        doc["warnings"] = warn[:MAX_SUMMARY_FAILING]
     probe: dict[str, Any] = {}
     for p in probes or []:
         if not isinstance(p, Mapping):

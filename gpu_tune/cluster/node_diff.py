@@ -33,6 +33,9 @@ GPU_RESOURCE = "nvidia.com/gpu"  # the NVIDIA device plugin's extended resource
 GPU_PRESENT_LABELS = ("feature.node.kubernetes.io/pci-10de.present", "nvidia.com/gpu.present")
 # The label that overrides the agent's --mode on one Node (see gpu_tune/serve/agent.py, docs/deploy.md).
 MODE_LABEL = PREFIX + "mode"
+# A new value of this label clears the node's fatal XIDs of this boot after a GPU reset (a person
+# sets it: docs/health.md); the agent never writes it.
+SET_HEALTHY_LABEL = PREFIX + "set-healthy"
 
 
 def resource_count(node: dict[str, Any], where: str, resource: str = GPU_RESOURCE) -> int | None:

@@ -64,6 +64,7 @@ from gpu_tune.cluster.api import (
 from gpu_tune.cluster.labels import NodeWant
 from gpu_tune.cluster.node_diff import (
     MODE_LABEL,
+    SET_HEALTHY_LABEL,
     find_condition,
     gpu_expected,
     now_rfc3339,
@@ -103,6 +104,9 @@ class PublishResult:
     gpu_expected: tuple[str, ...] = ()
     mode_request: str | None = None
     condition_status: str | None = None
+    # the Node's gpu-tune.io/set-healthy label: a new value clears this boot's fatal XIDs
+    # (docs/health.md), as `gpu-tune set-healthy` does on the node
+    set_healthy: str | None = None
 
     def as_check(self) -> dict[str, Any]:
         return {"name": "publish", "ok": self.ok, "detail": self.detail}
@@ -112,7 +116,7 @@ class PublishResult:
                 "changed": list(self.changed), "node_read": self.node_read,
                 "gpu_capacity": self.gpu_capacity, "gpu_allocatable": self.gpu_allocatable,
                 "gpu_expected": list(self.gpu_expected), "mode_request": self.mode_request,
-                "condition_status": self.condition_status}
+                "condition_status": self.condition_status, "set_healthy": self.set_healthy}
 
 
 class Publisher(Protocol):
@@ -175,12 +179,15 @@ class _Pass:
         if node is None:
             return PublishResult(writes=self.writes, changed=self.changed, ok=ok, detail=detail, reads=self.reads)
         cond = find_condition(self.first or node)
-        mode = ((node.get("metadata") or {}).get("labels") or {}).get(MODE_LABEL)
+        node_labels = (node.get("metadata") or {}).get("labels") or {}
+        mode = node_labels.get(MODE_LABEL)
+        clear = node_labels.get(SET_HEALTHY_LABEL)
         return PublishResult(writes=self.writes, changed=self.changed, ok=ok, detail=detail, reads=self.reads,
                              node_read=True, gpu_capacity=resource_count(node, "capacity"),
                              gpu_allocatable=resource_count(node, "allocatable"), gpu_expected=gpu_expected(node),
                              mode_request=str(mode) if mode is not None else None,
-                             condition_status=None if cond is None else str(cond.get("status")))
+                             condition_status=None if cond is None else str(cond.get("status")),
+                             set_healthy=str(clear) if clear else None)
 
 
 class KubePublisher:

@@ -45,6 +45,7 @@ class PciDevice:
     mig_mode: bool | None = None  # a GPU's MIG mode (None: no MIG, or not known)
     mig_mode_pending: bool | None = None
     virtio: str | None = None  # a virtio-net NIC: its virtio device under the PCI function
+    on_pci_bus: bool = True  # False: a GPU the backend reports that sysfs does not list
 
     @property
     def link_degraded(self) -> bool:
@@ -124,6 +125,7 @@ class Topology:
                 "irq_count": len(g.irqs), "irqs": format_cpulist(g.irqs),
                 "local_nics": list(self.gpu_local_nics.get(g.address, ())),
                 "mig_mode": g.mig_mode, "mig_mode_pending": g.mig_mode_pending,
+                "on_pci_bus": g.on_pci_bus,
             })
         nics = []
         for d in self.nics:

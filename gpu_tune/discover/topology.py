@@ -313,7 +313,7 @@ def discover(fs: "HostFS", gpus: "GpuBackend | Iterable[GpuInfo] | None" = None)
                             f"under {PCI_DIR}; its NUMA node is unknown")
             dev = PciDevice(addr, "gpu", NVIDIA_VENDOR, "", "", None, "unknown", frozenset(),
                             info.pcie_link_gen_current, info.pcie_link_gen_max,
-                            info.pcie_link_width_current, info.pcie_link_width_max, ())
+                            info.pcie_link_width_current, info.pcie_link_width_max, (), on_pci_bus=False)
         matched[addr] = _with(dev, gpu_index=info.index, gpu_name=info.name, gpu_uuid=info.uuid,
                               mig_mode=getattr(info, "mig_mode", None),
                               mig_mode_pending=getattr(info, "mig_mode_pending", None))

@@ -2,8 +2,8 @@
 
 from __future__ import annotations
 
-from dataclasses import asdict, dataclass, field
-from typing import Any, Protocol, runtime_checkable
+from dataclasses import asdict, dataclass, field, fields
+from typing import Any, Mapping, Protocol, runtime_checkable
 
 
 class GpuError(Exception):
@@ -13,6 +13,45 @@ class GpuError(Exception):
         super().__init__(message)
         # kind: "lost" | "not_supported" | "no_permission" | "error"
         self.kind = kind
+
+
+@dataclass(frozen=True)
+class RemappedRows:
+    """``nvmlDeviceGetRemappedRows``: rows remapped for correctable and uncorrectable errors, a
+    remapping pending (done at the next GPU reset) and a remapping that failed (no spare row)."""
+
+    correctable: int | None = None
+    uncorrectable: int | None = None
+    pending: bool | None = None
+    failure: bool | None = None
+
+
+@dataclass(frozen=True)
+class SramEcc:
+    """Uncorrected SRAM ECC errors (volatile) and whether the driver says their threshold is
+    exceeded (``nvmlDeviceGetSramEccErrorStatus``)."""
+
+    uncorrected: int | None = None
+    threshold_exceeded: bool | None = None
+
+
+@dataclass(frozen=True)
+class NvLink:
+    """One NVLink: up or not, and its error counters (reported, never judged)."""
+
+    link: int
+    active: bool
+    crc_errors: int | None = None
+    replay_errors: int | None = None
+    recovery_errors: int | None = None
+
+
+@dataclass(frozen=True)
+class Fabric:
+    """``nvmlDeviceGetGpuFabricInfoV``: the NVSwitch fabric's registration of this GPU."""
+
+    state: str  # not_supported | not_started | in_progress | completed
+    status: str = "success"  # success, or the failure's name
 
 
 @dataclass(frozen=True)
@@ -39,8 +78,23 @@ class GpuInfo:
     power_w: float | None = None
     utilization_percent: float | None = None
     memory_used_mib: int | None = None
+    # names of nvmlDeviceGetCurrentClocksEventReasons bits (docs/health.md; the fixture's
+    # ``clock_event_reasons``, or its older name ``clock_throttle_reasons``)
     clock_throttle_reasons: tuple[str, ...] = ()
     xid_events: tuple[int, ...] = ()
+    # Health readings (docs/health.md): None = not reported by this GPU (or this driver), never
+    # "healthy" by assumption.
+    recovery_action: str | None = None  # NVML field 230: none | reset | reboot | drain_p2p | drain_and_reset
+    reset_required: bool | None = None  # NVML answered NVMLError_ResetRequired
+    inforom_valid: bool | None = None  # nvmlDeviceValidateInforom
+    remapped_rows: RemappedRows | None = None
+    sram_ecc: SramEcc | None = None
+    nvlink: tuple[NvLink, ...] | None = None  # one per link the GPU has
+    nvlink_p2p: tuple[tuple[str, bool], ...] | None = None  # (peer bus id, P2P over NVLink OK)
+    fabric: Fabric | None = None  # None: not part of an NVSwitch fabric
+    pcie_replay_count: int | None = None  # since the driver loaded
+    sm_clock_mhz: int | None = None
+    sm_clock_max_mhz: int | None = None
     # Set when the GPU answered with an error (e.g. "lost"): the other fields may be None.
     error: str | None = None
     error_kind: str | None = None
@@ -50,8 +104,31 @@ class GpuInfo:
         d = asdict(self)
         d["clock_throttle_reasons"] = list(self.clock_throttle_reasons)
         d["xid_events"] = list(self.xid_events)
+        if self.nvlink is not None:
+            d["nvlink"] = [asdict(n) for n in self.nvlink]
+        if self.nvlink_p2p is not None:
+            d["nvlink_p2p"] = dict(self.nvlink_p2p)
         d.pop("extra", None)
         return d
+
+    @classmethod
+    def from_dict(cls, d: Mapping[str, Any]) -> "GpuInfo":
+        """The inverse of :meth:`as_dict` (what the agent keeps between passes); unknown keys are
+        left out."""
+        kw: dict[str, Any] = {k: d[k] for k in _FIELDS if k in d}
+        kw["clock_throttle_reasons"] = tuple(d.get("clock_throttle_reasons") or ())
+        kw["xid_events"] = tuple(int(x) for x in (d.get("xid_events") or ()))
+        if isinstance(d.get("remapped_rows"), Mapping):
+            kw["remapped_rows"] = RemappedRows(**_known(RemappedRows, d["remapped_rows"]))
+        if isinstance(d.get("sram_ecc"), Mapping):
+            kw["sram_ecc"] = SramEcc(**_known(SramEcc, d["sram_ecc"]))
+        if isinstance(d.get("fabric"), Mapping):
+            kw["fabric"] = Fabric(**_known(Fabric, d["fabric"]))
+        if d.get("nvlink") is not None:
+            kw["nvlink"] = tuple(NvLink(**_known(NvLink, n)) for n in d["nvlink"] if isinstance(n, Mapping))
+        if isinstance(d.get("nvlink_p2p"), Mapping):
+            kw["nvlink_p2p"] = tuple((str(k), bool(v)) for k, v in d["nvlink_p2p"].items())
+        return cls(**kw)
 
 
 @runtime_checkable
@@ -82,3 +159,11 @@ class GpuBackend(Protocol):
         ...
 
     def close(self) -> None: ...
+
+
+_FIELDS = frozenset(f.name for f in fields(GpuInfo)) - {"extra"}
+
+
+def _known(cls: type, d: Mapping[str, Any]) -> dict[str, Any]:
+    names = {f.name for f in fields(cls)}
+    return {k: v for k, v in d.items() if k in names}

@@ -23,7 +23,7 @@ from typing import Any
 
 from gpu_tune.errors import InputError
 from gpu_tune.host.parse import ParseError, nesting, parse_cpulist
-from gpu_tune.gpu.base import GpuError, GpuInfo
+from gpu_tune.gpu.base import Fabric, GpuError, GpuInfo, NvLink, RemappedRows, SramEcc
 
 REQUIRED = ("index", "uuid", "name", "pci_bus_id")
 _FIELDS = {f.name for f in fields(GpuInfo)} - {"extra", "error", "error_kind"}
@@ -39,7 +39,19 @@ _TYPES: dict[str, tuple[type, ...]] = {
     "pcie_link_gen_current": _INT, "pcie_link_gen_max": _INT, "pcie_link_width_current": _INT,
     "pcie_link_width_max": _INT, "ecc_uncorrected_volatile": _INT, "temperature_c": _NUM,
     "power_w": _NUM, "utilization_percent": _NUM,
+    "reset_required": (bool,), "inforom_valid": (bool,), "pcie_replay_count": _INT,
+    "sm_clock_mhz": _INT, "sm_clock_max_mhz": _INT,
 }
+RECOVERY_ACTIONS = ("none", "reset", "reboot", "drain_p2p", "drain_and_reset")
+FABRIC_STATES = ("not_supported", "not_started", "in_progress", "completed")
+# The health readings that are objects or lists: key -> {member: types}
+_MEMBERS: dict[str, dict[str, tuple[type, ...]]] = {
+    "remapped_rows": {"correctable": _INT, "uncorrectable": _INT, "pending": (bool,), "failure": (bool,)},
+    "sram_ecc": {"uncorrected": _INT, "threshold_exceeded": (bool,)},
+    "fabric": {"state": (str,), "status": (str,)},
+}
+_NVLINK_MEMBERS = {"link": _INT, "active": (bool,), "crc_errors": _INT, "replay_errors": _INT,
+                   "recovery_errors": _INT}
 _BUS_ID = re.compile(r"([0-9a-fA-F]{4,8}:)?[0-9a-fA-F]{2}:[0-9a-fA-F]{2}\.[0-7]")
 _CC = re.compile(r"[0-9]{1,2}\.[0-9]{1,2}")
 
@@ -52,7 +64,8 @@ _RANGES: dict[str, tuple[float, float]] = {
     "memory_total_mib": (1, MAX_MEMORY_MIB), "memory_used_mib": (0, MAX_MEMORY_MIB),
     "pcie_link_gen_current": (1, 7), "pcie_link_gen_max": (1, 7),
     "ecc_uncorrected_volatile": (0, 2**63 - 1), "temperature_c": (0, 150), "power_w": (0, 10_000),
-    "utilization_percent": (0, 100),
+    "utilization_percent": (0, 100), "pcie_replay_count": (0, 2**63 - 1), "sm_clock_mhz": (0, 100_000),
+    "sm_clock_max_mhz": (0, 100_000),
 }
 PCIE_WIDTHS = (1, 2, 4, 8, 12, 16, 32)
 MAX_DEPTH = 32
@@ -80,7 +93,9 @@ def _check_types(p: Path, i: int, g: dict[str, Any]) -> None:
         if not ok:
             want = "/".join("integer" if t is int else "number" if t is float else t.__name__ for t in types)
             raise InputError(f"{p}: gpus[{i}].{key}: expected {want}, got {v!r}")
-    for key, item in (("clock_throttle_reasons", str), ("xid_events", int), ("processes", int)):
+    _check_health(p, i, g)
+    for key, item in (("clock_throttle_reasons", str), ("clock_event_reasons", str), ("xid_events", int),
+                      ("processes", int)):
         v = g.get(key)
         if v is None:
             continue
@@ -111,10 +126,74 @@ def _check_types(p: Path, i: int, g: dict[str, Any]) -> None:
                          "(expected e.g. 0000:18:00.0)")
 
 
+def _typed(v: Any, types: tuple[type, ...]) -> bool:
+    return isinstance(v, types) and (bool in types or not isinstance(v, bool))
+
+
+def _want(types: tuple[type, ...]) -> str:
+    return "/".join("integer" if t is int else "number" if t is float else "boolean" if t is bool
+                    else "string" if t is str else t.__name__ for t in types)
+
+
+def _check_health(p: Path, i: int, g: dict[str, Any]) -> None:
+    """The health readings' shapes (docs/health.md): a wrong one is bad input naming the key."""
+    at = f"{p}: gpus[{i}]"
+    ra = g.get("recovery_action")
+    if ra is not None and ra not in RECOVERY_ACTIONS:
+        raise InputError(f"{at}.recovery_action: {ra!r} is not one of {', '.join(RECOVERY_ACTIONS)}")
+    for key, members in _MEMBERS.items():
+        v = g.get(key)
+        if v is None:
+            continue
+        if not isinstance(v, dict):
+            raise InputError(f"{at}.{key}: expected an object with {', '.join(members)}, got {v!r}")
+        for m, val in v.items():
+            if m in members and val is not None and not _typed(val, members[m]):
+                raise InputError(f"{at}.{key}.{m}: expected {_want(members[m])}, got {val!r}")
+            if isinstance(val, int) and not isinstance(val, bool) and val < 0:
+                raise InputError(f"{at}.{key}.{m}: {val!r} is negative")
+    fab = g.get("fabric")
+    if isinstance(fab, dict) and fab.get("state") is not None and fab["state"] not in FABRIC_STATES:
+        raise InputError(f"{at}.fabric.state: {fab['state']!r} is not one of {', '.join(FABRIC_STATES)}")
+    links = g.get("nvlink")
+    if links is not None:
+        if not isinstance(links, list):
+            raise InputError(f"{at}.nvlink: expected a list of links, got {links!r}")
+        for j, link in enumerate(links):
+            if not isinstance(link, dict) or "link" not in link or "active" not in link:
+                raise InputError(f"{at}.nvlink[{j}]: expected an object with link and active")
+            for m, val in link.items():
+                if m in _NVLINK_MEMBERS and val is not None and not _typed(val, _NVLINK_MEMBERS[m]):
+                    raise InputError(f"{at}.nvlink[{j}].{m}: expected {_want(_NVLINK_MEMBERS[m])}, got {val!r}")
+    p2p = g.get("nvlink_p2p")
+    if p2p is not None:
+        if not isinstance(p2p, dict) or not all(isinstance(v, bool) for v in p2p.values()):
+            raise InputError(f"{at}.nvlink_p2p: expected an object of peer bus id -> true/false, got {p2p!r}")
+        for peer in p2p:
+            if not _BUS_ID.fullmatch(peer):
+                raise InputError(f"{at}.nvlink_p2p: {peer!r} is not a PCI bus id (expected e.g. 0000:29:00.0)")
+
+
 def _normalize_bus_id(bus_id: str) -> str:
     from gpu_tune.host.parse import normalize_bus_id
 
     return normalize_bus_id(bus_id)
+
+
+def _health(g: dict[str, Any]) -> dict[str, Any]:
+    """The health readings of a fixture entry as :class:`GpuInfo` values."""
+    out: dict[str, Any] = {}
+    for key, cls in (("remapped_rows", RemappedRows), ("sram_ecc", SramEcc), ("fabric", Fabric)):
+        v = g.get(key)
+        if isinstance(v, dict):
+            names = {f.name for f in fields(cls)}
+            out[key] = cls(**{k: x for k, x in v.items() if k in names})
+    if isinstance(g.get("nvlink"), list):
+        names = {f.name for f in fields(NvLink)}
+        out["nvlink"] = tuple(NvLink(**{k: x for k, x in link.items() if k in names}) for link in g["nvlink"])
+    if isinstance(g.get("nvlink_p2p"), dict):
+        out["nvlink_p2p"] = tuple((_normalize_bus_id(k), bool(v)) for k, v in g["nvlink_p2p"].items())
+    return out
 
 
 class FixtureBackend:
@@ -221,9 +300,10 @@ class FixtureBackend:
         for g in sorted(self._data.get("gpus", []), key=lambda g: g["index"]):
             kw: dict[str, Any] = {k: v for k, v in g.items() if k in _FIELDS}
             kw["pci_bus_id"] = _normalize_bus_id(g["pci_bus_id"])
-            kw["clock_throttle_reasons"] = tuple(g.get("clock_throttle_reasons") or ())
+            kw["clock_throttle_reasons"] = tuple(g.get("clock_event_reasons", g.get("clock_throttle_reasons")) or ())
             kw["xid_events"] = tuple(int(x) for x in (g.get("xid_events") or ()))
-            extra = {k: v for k, v in g.items() if k not in _FIELDS}
+            kw.update(_health(g))
+            extra = {k: v for k, v in g.items() if k not in _FIELDS and k != "clock_event_reasons"}
             if g.get("lost"):
                 keep = {k: kw[k] for k in REQUIRED}
                 out.append(GpuInfo(**keep, error="GPU is lost", error_kind="lost", extra=extra))

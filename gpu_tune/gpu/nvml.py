@@ -21,6 +21,7 @@ import os
 from typing import Any, Callable
 
 from gpu_tune.gpu.base import GpuError, GpuInfo
+from gpu_tune.gpu.nvml_health import read_health
 
 log = logging.getLogger("gpu_tune")
 
@@ -35,7 +36,7 @@ THROTTLE_REASONS: tuple[tuple[int, str], ...] = (
     (0x0000000000000010, "sync_boost"),
     (0x0000000000000020, "sw_thermal_slowdown"),
     (0x0000000000000040, "hw_thermal_slowdown"),
-    (0x0000000000000080, "hw_power_brake"),
+    (0x0000000000000080, "hw_power_brake_slowdown"),
     (0x0000000000000100, "display_clock_setting"),
 )
 
@@ -71,6 +72,7 @@ class NvmlBackend:
         self._xids: dict[int, list[int]] = {}
         self._event_set = None
         self._handle_index: dict[Any, int] = {}
+        self._pass_handles: dict[int, Any] = {}
         self._register_xid_events()
 
     # -- error mapping --------------------------------------------------------------------------
@@ -82,6 +84,8 @@ class NvmlBackend:
             ("NVMLError_NoPermission", "no_permission"),
             ("NVMLError_NotFound", "not_found"),
             ("NVMLError_InvalidArgument", "not_found"),
+            ("NVMLError_ResetRequired", "reset_required"),
+            ("NVMLError_FunctionNotFound", "not_supported"),
         )
         for cls_name, kind in mapping:
             cls = getattr(nv, cls_name, None)
@@ -166,7 +170,11 @@ class NvmlBackend:
             log.warning("nvmlDeviceGetCount failed: %s", exc)
             return []
         self._drain_xids()
-        return [self._info(i) for i in range(count)]
+        self._pass_handles = self._handles_by_index()  # the peers for NVLink P2P, once per call
+        try:
+            return [self._info(i) for i in range(count)]
+        finally:
+            self._pass_handles = {}
 
     def _info(self, index: int) -> GpuInfo:
         nv = self.nv
@@ -183,8 +191,10 @@ class NvmlBackend:
         try:
             return self._fill(index, h, uuid, name, bus_id)
         except nv.NVMLError as exc:
+            kind = self._kind(exc)
             return GpuInfo(index=index, uuid=uuid, name=name, pci_bus_id=bus_id,
-                           error=f"GPU {index}: {exc}", error_kind=self._kind(exc),
+                           error=f"GPU {index}: {exc}", error_kind=kind,
+                           reset_required=True if kind == "reset_required" else None,
                            xid_events=tuple(self._xids.get(index, ())))
 
     def _fill(self, index: int, h: Any, uuid: str, name: str, bus_id: str) -> GpuInfo:
@@ -228,7 +238,22 @@ class NvmlBackend:
             memory_used_mib=None if mem is None else int(mem.used) // (1024 * 1024),
             clock_throttle_reasons=() if reasons is None else throttle_names(int(reasons)),
             xid_events=tuple(self._xids.get(index, ())),
+            **read_health(nv, h, index, self._pass_handles, opt),
         )
+
+    def _handles_by_index(self) -> dict[int, Any]:
+        nv = self.nv
+        out = {}
+        try:
+            count = nv.nvmlDeviceGetCount()
+        except nv.NVMLError:
+            return out
+        for i in range(count):
+            try:
+                out[i] = nv.nvmlDeviceGetHandleByIndex(i)
+            except nv.NVMLError:
+                continue
+        return out
 
     def _mig_mode(self, h: Any) -> tuple[bool, bool] | None:
         """(current, pending) MIG mode; None where the GPU has no MIG ("not supported") or the

@@ -256,6 +256,28 @@ class HostFS:
         except HostError:
             return None
 
+    def open_stream(self, host_path: str, *, devices: frozenset[tuple[int, int]] = frozenset()) -> tuple[int, bool]:
+        """A non-blocking read descriptor for a log read record by record: a regular file, or a
+        character device whose (major, minor) is in ``devices`` (e.g. ``/dev/kmsg``, 1:11) and no
+        other. Returns ``(fd, is_device)``; the caller closes it. :class:`HostError` (``errno``
+        set) when it cannot be opened, :class:`NotAFile` for anything else."""
+        rel = self._rel(host_path)
+        try:
+            fd = self._open(rel, O_READ)
+        except OSError as exc:
+            raise self._error(host_path, exc) from None
+        try:
+            st = os.fstat(fd)
+            if stat.S_ISCHR(st.st_mode) and (os.major(st.st_rdev), os.minor(st.st_rdev)) in devices:
+                return fd, True
+            kind = file_kind(st.st_mode)
+            if kind is not None:
+                raise NotAFile(f"{host_path}: is {kind}, not a file: not read", errno.EINVAL)
+            return fd, False
+        except BaseException:
+            os.close(fd)
+            raise
+
     def listdir(self, host_path: str) -> list[str]:
         """Names in a directory, sorted; empty when it does not exist."""
         try:

@@ -104,6 +104,10 @@ class Agent:
         self._node_condition_at_start: str | None = None
         self._mode_note: str | None = None
         self._revert: dict[str, Any] | None = None
+        # the latest health readings (docs/health.md): host files, what is remembered, expectations
+        self._host_health: Any = None
+        self._health_view: Any = None
+        self._expect: Any = None
         # The gain measurement (once per start, enforce mode): it switches the host between
         # untuned and tuned, so the loop does not re-apply drift while it holds this lock.
         self._host_lock = threading.Lock()
@@ -252,6 +256,14 @@ class Agent:
             facts, st = self._run("read", self.stages.read_node, until)
             if st.success and field_of(facts, "node_read", False):
                 self._note_facts(facts)
+        if self.stages.health is not None:
+            clear = [field_of(self._facts, "set_healthy")] if self._facts is not None else []
+            got, st = self._run("health", lambda: self.stages.health(self._gpus, self._topology_doc, clear), until)
+            statuses.append(st)
+            if st.success:
+                self._host_health, self._health_view, self._expect = got
+            else:
+                errors["health"] = st.error
         mode = self.effective_mode()
         if mode == "revert":
             if self._host_lock.acquire(blocking=False):
@@ -298,7 +310,8 @@ class Agent:
 
         profile = self.stages.profile
         judge = dict(profile=profile, audit=self._audit, gpus=self._gpus, topology=self._topology_doc,
-                     probes=probes, errors=errors, mode=mode, last_publish=self._facts, revert=self._revert)
+                     probes=probes, errors=errors, mode=mode, last_publish=self._facts, revert=self._revert,
+                     host=self._host_health, history=self._health_view, expect=self._expect)
         pre = verdict(**judge, pending_publish=True)
         driver = (identity or {}).get("driver_version")
         if self._holding_first_publish(probe):
@@ -335,7 +348,7 @@ class Agent:
             node=self.stages.node, profile=self.state.profile, verdict=final, since=self._since, created=now,
             mode=mode, agent_ready=agent_ready, agent_ready_detail=agent_detail, audit=self._audit, topology=self._topology_doc, gpus=self._gpus, probes=probes,
             probe_last_success=dict(probe.last_success), collectors=statuses,
-            metrics_detail=self.metrics_detail, gain=self._gain,
+            metrics_detail=self.metrics_detail, gain=self._gain, host=self._host_health, history=self._health_view,
         )
         self.state.publish(snap)
         return snap

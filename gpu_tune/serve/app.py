@@ -25,6 +25,7 @@ JSON_CONTENT_TYPE = "application/json"
 class CheckModel(BaseModel):
     name: str
     ok: bool
+    severity: str  # fatal (gates the node) | warning (reported, never gating)
     detail: str
 
 
@@ -32,6 +33,8 @@ class ReadinessModel(BaseModel):
     ready: bool
     node: str
     profile: str
+    reason: str  # the condition's reason: the most urgent failing check's (docs/health.md)
+    message: str
     checks: list[CheckModel]
     since: str
 

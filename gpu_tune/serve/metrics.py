@@ -68,6 +68,8 @@ class Snapshot(Protocol):
     collectors: tuple[Any, ...]
     metrics_detail: bool
     gain: Mapping[str, Any] | None
+    host: Any  # gpu_tune.discover.health.HostHealth, or None
+    history: Any  # gpu_tune.judge.checks.state.HealthView, or None
 
 GPU_LABELS = ("gpu", "UUID", "pci_bus_id", "modelName", "Hostname", "numa_node")
 # Statuses in the order their series are written (CONTRACT §3); others follow by name.
@@ -112,6 +114,21 @@ FAMILIES: dict[str, tuple[str, tuple[str, ...]]] = {
                                          ("gpu", "regime", "measure")),
     "gpu_tune_tuning_gain_ratio_upper": ("Upper bound of the 95% interval of gpu_tune_tuning_gain_ratio",
                                          ("gpu", "regime", "measure")),
+    "gpu_tune_gpu_check_failing": ("1 for each health check that fails on this GPU (no series while it passes: a "
+                                   "healthy fleet costs none); severity fatal gates the node, warning never does",
+                                   GPU_LABELS + ("check", "severity")),
+    "gpu_tune_gpu_fatal_xid": ("1 for each fatal XID this GPU logged in this boot that nobody cleared (docs/health.md)",
+                               GPU_LABELS + ("xid",)),
+    "gpu_tune_gpu_nvlink_active_links": ("NVLinks of the GPU that are up", GPU_LABELS),
+    "gpu_tune_gpu_nvlink_errors": ("NVLink error counters of the GPU summed over its links (reported, not "
+                                         "judged)", GPU_LABELS + ("counter",)),
+    "gpu_tune_gpu_pcie_replays": ("PCIe replay counter of the GPU since the driver loaded", GPU_LABELS),
+    "gpu_tune_gpu_pcie_aer_errors": ("PCIe AER errors the kernel counted on the GPU since boot",
+                                           GPU_LABELS + ("severity",)),
+    "gpu_tune_gpu_remapped_rows": ("Rows the GPU remapped (correctable, uncorrectable)", GPU_LABELS + ("kind",)),
+    "gpu_tune_infiniband_port_up": ("1 when the InfiniBand/RoCE port is ACTIVE and LinkUp, else 0",
+                                    ("device", "port", "link_layer")),
+    "gpu_tune_infiniband_port_rate_gbps": ("Rate of the InfiniBand/RoCE port in Gb/s", ("device", "port")),
     "gpu_tune_collector_success": ("1 when the stage succeeded in its latest run, else 0 "
                                    "(only with serve --metrics-detail)", ("collector",)),
     "gpu_tune_collector_duration_seconds": ("Duration of the stage's latest run (only with serve --metrics-detail)",
@@ -273,6 +290,8 @@ class SnapshotCollector(Collector):
         yield gen
         yield width
 
+        yield from health_families(self, snap, rows)
+
         ratio = self._fam("gpu_tune_tuning_gain_ratio")
         lower = self._fam("gpu_tune_tuning_gain_ratio_lower")
         upper = self._fam("gpu_tune_tuning_gain_ratio_upper")
@@ -325,6 +344,72 @@ class SnapshotCollector(Collector):
             lab = {"gpu": gpu, "UUID": "", "pci_bus_id": "", "modelName": "", "Hostname": snap.node,
                    "numa_node": ""}
         return [lab[k] for k in GPU_LABELS]
+
+
+def health_families(col: "SnapshotCollector", snap: "Snapshot", rows: list[dict[str, Any]]) -> Iterator[GaugeMetricFamily]:
+    """The health checks per GPU and the readings they judge (docs/health.md): one series per check
+    failing on a GPU (none while healthy), 2 remap kinds, 1 + 3 NVLink figures, 3 AER severities and
+    1 replay counter per GPU where the GPU reports them, one series per fatal XID recorded, two per
+    InfiniBand port."""
+    labels = {r["labels"]["gpu"]: [r["labels"][k] for k in GPU_LABELS] for r in rows}
+    by_bus = {str(r["labels"]["pci_bus_id"]).lower(): r["labels"]["gpu"] for r in rows}
+    failing = col._fam("gpu_tune_gpu_check_failing")
+    for c in snap.verdict.checks:
+        for gpu, good in getattr(c, "gpus", ()) or ():
+            if gpu in labels and not good:
+                failing.add_metric(labels[gpu] + [c.name, c.severity], 1)
+    yield failing
+    active = col._fam("gpu_tune_gpu_nvlink_active_links")
+    errs = col._fam("gpu_tune_gpu_nvlink_errors")
+    replays = col._fam("gpu_tune_gpu_pcie_replays")
+    remap = col._fam("gpu_tune_gpu_remapped_rows")
+    for g in snap.gpus:
+        lv = labels.get(str(g.get("index")))
+        if lv is None:
+            continue
+        links = g.get("nvlink")
+        if isinstance(links, list):
+            active.add_metric(lv, sum(1 for link in links if isinstance(link, Mapping) and link.get("active")))
+            for counter in ("crc", "replay", "recovery"):
+                vals = [_num(link.get(f"{counter}_errors")) for link in links if isinstance(link, Mapping)]
+                vals = [v for v in vals if v is not None]
+                if vals:
+                    errs.add_metric(lv + [counter], sum(vals))
+        if _num(g.get("pcie_replay_count")) is not None:
+            replays.add_metric(lv, _num(g["pcie_replay_count"]))
+        rr = g.get("remapped_rows")
+        if isinstance(rr, Mapping):
+            for kind in ("correctable", "uncorrectable"):
+                if _num(rr.get(kind)) is not None:
+                    remap.add_metric(lv + [kind], _num(rr[kind]))
+    yield from (active, errs, replays, remap)
+    aer = col._fam("gpu_tune_gpu_pcie_aer_errors")
+    for bus, counts in getattr(snap.host, "aer", ()) or ():
+        gpu = by_bus.get(nvml_bus_id(bus).lower())
+        if gpu is None:
+            continue
+        for sev in ("correctable", "nonfatal", "fatal"):
+            v = getattr(counts, sev, None)
+            if v is not None:
+                aer.add_metric(labels[gpu] + [sev], v)
+    yield aer
+    xid = col._fam("gpu_tune_gpu_fatal_xid")
+    bus_prefix = {k.rsplit(".", 1)[0]: v for k, v in by_bus.items()}
+    for r in getattr(snap.history, "records", ()) or ():
+        if r.kind != "xid":
+            continue
+        gpu = bus_prefix.get(nvml_bus_id(r.bus + ".0").lower().rsplit(".", 1)[0])
+        if gpu is not None:
+            xid.add_metric(labels[gpu] + [str(r.code)], 1)
+    yield xid
+    up = col._fam("gpu_tune_infiniband_port_up")
+    rate = col._fam("gpu_tune_infiniband_port_rate_gbps")
+    for p in getattr(snap.host, "ib_ports", ()) or ():
+        up.add_metric([p.device, str(p.port), p.link_layer or ""], 1 if p.up else 0)
+        if p.rate_gbps is not None:
+            rate.add_metric([p.device, str(p.port)], p.rate_gbps)
+    yield up
+    yield rate
 
 
 def _family_rows(gain: Mapping[str, Any]) -> dict[str, tuple[str, float]]:

@@ -60,6 +60,9 @@ class Snapshot:
     metrics_detail: bool = False
     # the latest `gpu-tune gain` document (measured once per start in enforce mode), or None
     gain: Mapping[str, Any] | None = None
+    # the health readings of the pass (docs/health.md): host files, and what is remembered
+    host: Any = None
+    history: Any = None
     # pre-rendered bodies
     readiness_body: bytes = b""
     metrics_body: bytes = b""
@@ -75,6 +78,7 @@ class Snapshot:
 
     def readiness_doc(self) -> dict[str, Any]:
         return {"ready": self.verdict.ready, "node": self.node, "profile": self.profile,
+                "reason": self.verdict.reason(), "message": self.verdict.message(),
                 "checks": [c.as_dict() for c in self.verdict.checks], "since": rfc3339(self.since)}
 
     @classmethod
@@ -120,8 +124,9 @@ class AgentState:
         self.snapshot: Snapshot | None = None
         self._lock = threading.Lock()
         self.not_ready_body = dumps({
-            "ready": False, "node": node, "profile": profile,
-            "checks": [{"name": "agent.started", "ok": False,
+            "ready": False, "node": node, "profile": profile, "reason": "AgentStarting",
+            "message": "agent.started: the agent has not completed its first pass yet",
+            "checks": [{"name": "agent.started", "ok": False, "severity": "fatal",
                         "detail": "the agent has not completed its first pass yet"}],
             "since": rfc3339(time.time()),
         })

@@ -70,6 +70,10 @@ class Stages:
     # ``gain(topology) -> gpu-tune gain document``: measured once per start before the first probe,
     # in enforce mode, when the profile's ``gain.measure_on_start`` is set (None: never).
     gain: Callable[[Any], Any] | None = None
+    # ``health(gpu_docs, topology_doc, clear_tokens) -> (HostHealth, HealthView, Expect)``: the host's
+    # health files (kernel log, AER, InfiniBand), what is remembered across passes and what a healthy
+    # node of this kind has (docs/health.md). None: only what the GPU backend says is judged.
+    health: Callable[..., Any] | None = None
 
 
 def default_stages(options: ServeOptions) -> Stages:
@@ -159,6 +163,21 @@ def default_stages(options: ServeOptions) -> Stages:
     def revert():
         return engine.revert(engine.make_context(fs, profile, backend))
 
+    from gpu_tune.judge.checks.monitor import HealthMonitor
+
+    monitor = HealthMonitor(fs)
+
+    def health(gpu_docs, topology_doc, clear_tokens=()):
+        from gpu_tune.gpu.base import GpuInfo
+        from gpu_tune.judge import probe as _probe
+        from gpu_tune.judge.checks.expect import device_ids, expectations
+
+        infos = [g if isinstance(g, GpuInfo) else GpuInfo.from_dict(g) for g in gpu_docs or ()]
+        host, view = monitor.read(infos, topology_doc, clear_tokens=clear_tokens)
+        if "b" not in baselines_cache:
+            baselines_cache["b"] = _probe.load_baselines(policy_dir)
+        return host, view, expectations(profile, baselines_cache["b"], infos, device_ids=device_ids(topology_doc))
+
     def gain(topology):
         from gpu_tune.judge.gain.measure import measure_gain
 
@@ -167,7 +186,7 @@ def default_stages(options: ServeOptions) -> Stages:
                             window=profile.gain.window_seconds, per_setting=profile.gain.per_setting)
 
     def close():
-        for thing in (publisher, backend):
+        for thing in (publisher, backend, monitor):
             try:
                 thing.close()
             except Exception as exc:
@@ -176,5 +195,5 @@ def default_stages(options: ServeOptions) -> Stages:
     interval = options.probe_interval if options.probe_interval is not None else profile.probe.interval_s
     return Stages(node=node, profile=profile, discover=discover, audit=audit, enforce=enforce, gpus=gpus,
                   probe=probe, publish=publish, identity=identity, revert=revert, close=close,
-                  probe_interval=interval, read_node=publisher.read,
+                  probe_interval=interval, read_node=publisher.read, health=health,
                   gain=gain if options.mode == "enforce" and profile.gain.measure_on_start else None)

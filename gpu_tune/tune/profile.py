@@ -286,7 +286,35 @@ class GainPolicy(_Strict):
     window_seconds: float | None = Field(None, gt=0, le=600)
 
 
+IB_PORT_RE = re.compile(r"[A-Za-z0-9_.-]{1,64}(/[0-9]{1,3})?")
+
+
+class ExpectPolicy(_Strict):
+    """What a healthy node of this profile has, over the GPU model's figures in
+    ``policies/baselines.yaml`` (docs/health.md)."""
+
+    gpus: int | None = Field(None, ge=0, le=1024)
+    nvlink_active_per_gpu: int | None = Field(None, ge=0, le=64)
+    # a number (at least that many ports up) or the ports by name: "mlx5_0" (every port) or "mlx5_0/1"
+    ib_ports: int | list[str] | None = None
+    ib_rate_gbps: float | None = Field(None, gt=0, le=100_000)
+
+    @field_validator("ib_ports")
+    @classmethod
+    def _ports(cls, v: Any) -> Any:
+        if isinstance(v, bool):
+            raise ValueError("expected a number of ports or a list of port names, got a boolean")
+        if isinstance(v, int) and not 0 <= v <= 256:
+            raise ValueError(f"{v} is out of range 0..256")
+        if isinstance(v, list):
+            for name in v:
+                if not IB_PORT_RE.fullmatch(name):
+                    raise ValueError(f"{name!r} is not an InfiniBand port (expected mlx5_0 or mlx5_0/1)")
+        return v
+
+
 class ReadinessPolicy(_Strict):
+    expect: ExpectPolicy = Field(default_factory=ExpectPolicy)
     require_compliant: bool = True
     require_probe: bool = True
     taint: bool = True  # put the startup taint back when readiness is lost

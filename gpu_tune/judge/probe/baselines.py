@@ -72,8 +72,18 @@ class FingerprintPin(_Strict):
         return v
 
 
+class HealthExpect(_Strict):
+    """What a healthy node with this GPU model has (docs/health.md); a profile's
+    ``readiness.expect`` overrides it."""
+
+    gpus: int | None = Field(None, ge=0, le=1024)  # GPUs per node (an HGX board: 8)
+    nvlink_active_per_gpu: int | None = Field(None, ge=0, le=64)
+    source: str = ""
+
+
 class Baseline(_Strict):
     names: list[str] = Field(default_factory=list)
+    expect: HealthExpect | None = None
     pci_device_ids: list[str] = Field(default_factory=list)
     launch_bound: RegimeBaseline | None = None
     device_bound: RegimeBaseline | None = None

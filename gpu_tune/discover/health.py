@@ -1,0 +1,244 @@
+"""The host's own health readings for the GPU checks (docs/health.md), read under ``--root``:
+
+- the kernel log (:mod:`gpu_tune.host.kmsg`): NVIDIA XIDs (``NVRM: Xid (PCI:0000:1b:00): 79, ...``)
+  and NVSwitch SXids (``nvidia-nvswitch3: SXid (PCI:0000:05:00.0): 12028, Fatal, ...``), each
+  attributed to the PCI address the line names and counted per (address, code);
+- ``/proc/sys/kernel/random/boot_id`` and ``/proc/uptime``;
+- ``/sys/bus/pci/devices/BDF/aer_dev_{correctable,nonfatal,fatal}`` of every GPU (the kernel's
+  PCIe Advanced Error Reporting counters, ``TOTAL_ERR_*`` lines);
+- ``/sys/class/infiniband/DEV/ports/N/{state,phys_state,rate,link_layer,counters/link_downed}``.
+
+Nothing here judges: :mod:`gpu_tune.judge.checks` does. What cannot be read is ``None`` (or an
+``error`` naming it), never a healthy default. Memory stays bounded whatever the log holds: the
+kernel log is read record by record and only sightings are kept, at most
+:data:`MAX_SIGHTINGS` distinct (kind, address, code) of them.
+"""
+
+from __future__ import annotations
+
+import re
+from dataclasses import dataclass, field
+from typing import Any, Iterable
+
+from gpu_tune.errors import HostError
+from gpu_tune.host.fs import HostFS
+from gpu_tune.host.kmsg import KernelLog, ReadStats
+
+PCI_DIR = "/sys/bus/pci/devices"
+IB_DIR = "/sys/class/infiniband"
+MAX_SIGHTINGS = 1024
+MAX_MESSAGE = 240
+MAX_IB_PORTS = 256
+
+# NVRM: Xid (PCI:0000:1b:00): 79, pid='<unknown>', name=<unknown>, GPU has fallen off the bus.
+# (older drivers: "NVRM: Xid (0000:1b:00): 13, ..."; some give the function: "0000:1b:00.0")
+XID_RE = re.compile(r"NVRM: Xid \((?:PCI:)?(?P<bus>[0-9a-fA-F]{4,8}:[0-9a-fA-F]{2}:[0-9a-fA-F]{2})"
+                    r"(?:\.[0-7])?\): (?P<code>\d{1,10}),?\s*(?P<rest>.*)")
+# nvidia-nvswitch3: SXid (PCI:0000:05:00.0): 12028, Non-fatal, Link 32 egress non-posted PRIV error
+SXID_RE = re.compile(r"(?P<dev>nvidia-nvswitch\d*): SXid \((?:PCI:)?(?P<bus>[0-9a-fA-F]{4,8}:[0-9a-fA-F]{2}:"
+                     r"[0-9a-fA-F]{2}(?:\.[0-7])?)\): (?P<code>\d{1,10}),?\s*(?P<sev>Non-fatal|Fatal)?[,\s]*(?P<rest>.*)")
+# what a line must hold to be looked at (checked on the raw bytes, before decoding)
+WANT = re.compile(rb"Xid \(")
+
+
+@dataclass(frozen=True)
+class XidSighting:
+    """Every record of one (kind, address, code) in one read of the kernel log."""
+
+    kind: str  # "xid" (a GPU's) | "sxid" (an NVSwitch's)
+    bus: str  # as the line names it, lower-case: "0000:1b:00" for an XID, "0000:05:00.0" for an SXid
+    code: int
+    count: int
+    first_usec: int | None
+    last_usec: int | None
+    message: str  # the first record's text after the code
+    severity_word: str | None = None  # an SXid's own "Fatal" / "Non-fatal"
+    device: str | None = None  # an SXid's "nvidia-nvswitchN"
+
+    def key(self) -> tuple[str, str, int]:
+        return (self.kind, self.bus, self.code)
+
+
+@dataclass(frozen=True)
+class KernelLogStatus:
+    source: str
+    error: str | None = None
+    scanned: int = 0
+    lost: int = 0
+    cut: int = 0
+    malformed: int = 0  # lines that look like XIDs and do not parse
+    dropped: int = 0  # sightings beyond MAX_SIGHTINGS (counted, not kept)
+    notes: tuple[str, ...] = ()
+
+
+@dataclass(frozen=True)
+class AerCounts:
+    """``TOTAL_ERR_COR`` / ``TOTAL_ERR_NONFATAL`` / ``TOTAL_ERR_FATAL`` since the device was found."""
+
+    correctable: int | None = None
+    nonfatal: int | None = None
+    fatal: int | None = None
+
+
+@dataclass(frozen=True)
+class IbPort:
+    device: str  # mlx5_0
+    port: int
+    state: str | None  # "ACTIVE" (from "4: ACTIVE")
+    phys_state: str | None  # "LinkUp" (from "5: LinkUp")
+    rate_gbps: float | None  # 400.0 (from "400 Gb/sec (4X NDR)")
+    link_layer: str | None  # "InfiniBand" | "Ethernet"
+    link_downed: int | None = None  # counters/link_downed: times the link went down
+
+    @property
+    def name(self) -> str:
+        return f"{self.device}/{self.port}"
+
+    @property
+    def up(self) -> bool:
+        return (self.state or "").upper() == "ACTIVE" and (self.phys_state or "").lower() == "linkup"
+
+
+@dataclass(frozen=True)
+class HostHealth:
+    boot_id: str | None
+    uptime_usec: int | None
+    kernel_log: KernelLogStatus
+    xids: tuple[XidSighting, ...] = ()  # new since the previous read of the same KernelLog
+    aer: tuple[tuple[str, AerCounts], ...] = ()  # (GPU bus id, counters)
+    ib_ports: tuple[IbPort, ...] = ()
+    errors: tuple[str, ...] = field(default_factory=tuple)  # sysfs files that could not be read
+
+    def aer_of(self, bus_id: str) -> AerCounts | None:
+        return dict(self.aer).get(bus_id)
+
+    def as_dict(self) -> dict[str, Any]:
+        from dataclasses import asdict
+
+        d = asdict(self)
+        d["aer"] = {bus: asdict(c) for bus, c in self.aer}
+        return d
+
+
+def _state_word(text: str | None) -> str | None:
+    """``4: ACTIVE`` -> ``ACTIVE``; ``5: LinkUp`` -> ``LinkUp``."""
+    if text is None:
+        return None
+    return text.split(":", 1)[1].strip() if ":" in text else text.strip()
+
+
+_RATE_RE = re.compile(r"^\s*(\d+(?:\.\d+)?)\s*Gb/sec")
+
+
+def parse_rate(text: str | None) -> float | None:
+    m = _RATE_RE.match(text or "")
+    return float(m.group(1)) if m else None
+
+
+def parse_aer(text: str | None, total: str) -> int | None:
+    """The ``TOTAL_ERR_*`` line of an ``aer_dev_*`` file (``NAME COUNT`` lines)."""
+    for line in (text or "").splitlines():
+        parts = line.split()
+        if len(parts) == 2 and parts[0] == total and parts[1].isdigit():
+            return int(parts[1])
+    return None
+
+
+def parse_kernel_line(message: str) -> tuple[str, str, int, str, str | None, str | None] | None:
+    """(kind, bus, code, rest, severity word, device) of an XID or SXid line; None otherwise."""
+    m = XID_RE.search(message)
+    if m:
+        return "xid", m.group("bus").lower(), int(m.group("code")), m.group("rest").strip(), None, None
+    m = SXID_RE.search(message)
+    if m:
+        return ("sxid", m.group("bus").lower(), int(m.group("code")), m.group("rest").strip(), m.group("sev"),
+                m.group("dev"))
+    return None
+
+
+def read_kernel_xids(log: KernelLog) -> tuple[tuple[XidSighting, ...], KernelLogStatus]:
+    """The XID and SXid sightings among the records ``log`` has not handed out yet."""
+    stats = ReadStats()
+    seen: dict[tuple[str, str, int], dict[str, Any]] = {}
+    malformed = dropped = 0
+    for rec in log.read(WANT, stats):
+        parsed = parse_kernel_line(rec.message)
+        if parsed is None:
+            malformed += 1
+            continue
+        kind, bus, code, rest, sev, dev = parsed
+        key = (kind, bus, code)
+        s = seen.get(key)
+        if s is None:
+            if len(seen) >= MAX_SIGHTINGS:
+                dropped += 1
+                continue
+            seen[key] = {"count": 1, "first_usec": rec.usec, "last_usec": rec.usec, "message": rest[:MAX_MESSAGE],
+                         "severity_word": sev, "device": dev}
+        else:
+            s["count"] += 1
+            s["last_usec"] = rec.usec if rec.usec is not None else s["last_usec"]
+    status = KernelLogStatus(source=stats.source, error=stats.error, scanned=stats.scanned, lost=stats.lost,
+                             cut=stats.cut, malformed=malformed, dropped=dropped,
+                             notes=tuple(stats.notes) + (("more records than one pass reads: the rest next pass",)
+                                                         if stats.more else ()))
+    sightings = tuple(XidSighting(kind=k[0], bus=k[1], code=k[2], **v) for k, v in seen.items())
+    return sightings, status
+
+
+def read_host_health(fs: HostFS, log: KernelLog | None, gpu_bus_ids: Iterable[str]) -> HostHealth:
+    """Everything above; ``log`` None leaves the kernel log unread (its status says so)."""
+    errors: list[str] = []
+
+    def optional(path: str) -> str | None:
+        try:
+            return fs.read_optional(path)
+        except HostError as exc:  # refused for what it is (a FIFO, a device, too large)
+            errors.append(str(exc))
+            return None
+
+    boot = optional("/proc/sys/kernel/random/boot_id")
+    uptime = None
+    up = optional("/proc/uptime")
+    if up:
+        try:
+            uptime = int(float(up.split()[0]) * 1_000_000)
+        except (ValueError, IndexError):
+            uptime = None
+    if log is None:
+        xids, status = (), KernelLogStatus(source="", error="the kernel log is not read here")
+    else:
+        xids, status = read_kernel_xids(log)
+    aer = []
+    for bus in sorted(set(gpu_bus_ids)):
+        base = f"{PCI_DIR}/{bus}"
+        texts = [optional(f"{base}/aer_dev_{kind}") for kind in ("correctable", "nonfatal", "fatal")]
+        if all(t is None for t in texts):
+            continue  # no AER on this device (or this kernel): not reported
+        aer.append((bus, AerCounts(correctable=parse_aer(texts[0], "TOTAL_ERR_COR"),
+                                   nonfatal=parse_aer(texts[1], "TOTAL_ERR_NONFATAL"),
+                                   fatal=parse_aer(texts[2], "TOTAL_ERR_FATAL"))))
+    ports = []
+    try:
+        devices = fs.listdir(IB_DIR)
+    except HostError as exc:
+        errors.append(str(exc))
+        devices = []
+    for dev in devices:
+        try:
+            names = fs.listdir(f"{IB_DIR}/{dev}/ports")
+        except HostError as exc:
+            errors.append(str(exc))
+            continue
+        for name in names:
+            if not name.isdigit() or len(ports) >= MAX_IB_PORTS:
+                continue
+            base = f"{IB_DIR}/{dev}/ports/{name}"
+            downed = optional(f"{base}/counters/link_downed")
+            ports.append(IbPort(device=dev, port=int(name), state=_state_word(optional(f"{base}/state")),
+                                phys_state=_state_word(optional(f"{base}/phys_state")),
+                                rate_gbps=parse_rate(optional(f"{base}/rate")),
+                                link_layer=optional(f"{base}/link_layer"),
+                                link_downed=int(downed) if downed and downed.isdigit() else None))
+    return HostHealth(boot_id=boot, uptime_usec=uptime, kernel_log=status, xids=xids, aer=tuple(aer),
+                      ib_ports=tuple(ports), errors=tuple(errors))

@@ -1,0 +1,80 @@
+"""NVIDIA's XID catalog as data (``xid_catalog.yaml`` beside this module, with its source and
+version): what each XID means and what NVIDIA says to do about it.
+
+Actions, least to most severe: ``ignore`` (informational), ``restart_app`` (the application or
+its inputs: a job failed, not the GPU), ``reset_gpu`` (the GPU must be reset before it is
+trusted), ``reboot`` (the node must be rebooted), ``inspect_hw`` (the hardware must be checked:
+reseat, swap, RMA). The last three are fatal: they keep the node not ready until it reboots or an
+operator clears them after a GPU reset (docs/health.md). An XID the catalog does not know is
+reported as a warning, never gating.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from functools import lru_cache
+from pathlib import Path
+from typing import Any
+
+ACTIONS = ("ignore", "restart_app", "reset_gpu", "reboot", "inspect_hw")
+FATAL_ACTIONS = frozenset({"reset_gpu", "reboot", "inspect_hw"})
+ACTION_WORDS = {
+    "ignore": "informational",
+    "restart_app": "restart the application",
+    "reset_gpu": "drain the node and reset the GPU",
+    "reboot": "drain the node and reboot it",
+    "inspect_hw": "drain the node and inspect the hardware (reseat, swap, RMA)",
+}
+CATALOG_FILE = Path(__file__).with_name("xid_catalog.yaml")
+
+
+@dataclass(frozen=True)
+class XidEntry:
+    code: int
+    name: str
+    action: str
+    category: str = ""
+
+    @property
+    def fatal(self) -> bool:
+        return self.action in FATAL_ACTIONS
+
+
+@dataclass(frozen=True)
+class Catalog:
+    source: str
+    version: str
+    xids: dict[int, XidEntry]
+    sxids: dict[int, XidEntry]
+
+    def xid(self, code: int) -> XidEntry | None:
+        return self.xids.get(code)
+
+    def sxid(self, code: int) -> XidEntry | None:
+        return self.sxids.get(code)
+
+
+def _entries(items: Any, where: str) -> dict[int, XidEntry]:
+    out: dict[int, XidEntry] = {}
+    for i, item in enumerate(items or []):
+        try:
+            code = int(item["xid"])
+            action = str(item["action"])
+        except (KeyError, TypeError, ValueError) as exc:
+            raise ValueError(f"{CATALOG_FILE.name}: {where}[{i}]: {exc}") from None
+        if action not in ACTIONS:
+            raise ValueError(f"{CATALOG_FILE.name}: {where}[{i}]: action {action!r} is not one of {', '.join(ACTIONS)}")
+        if code in out:
+            raise ValueError(f"{CATALOG_FILE.name}: {where}[{i}]: XID {code} is listed twice")
+        out[code] = XidEntry(code, str(item.get("name") or ""), action, str(item.get("category") or ""))
+    return out
+
+
+@lru_cache(maxsize=1)
+def catalog() -> Catalog:
+    """The shipped catalog (read once per process)."""
+    from gpu_tune.strict import yaml_load
+
+    doc = yaml_load(CATALOG_FILE.read_text(encoding="utf-8")) or {}
+    return Catalog(source=str(doc.get("source") or ""), version=str(doc.get("version") or ""),
+                   xids=_entries(doc.get("xids"), "xids"), sxids=_entries(doc.get("sxids"), "sxids"))

@@ -1,0 +1,91 @@
+"""What the Node and Kubernetes say: the device plugin's GPU count and the agent's publishing.
+
+- ``gpu.allocatable`` (category device_plugin): the Node's ``status.capacity["nvidia.com/gpu"]``
+  (read by the publisher) is at least the GPUs the host has, MIG-enabled ones left out as the
+  device plugin's ``mixed`` strategy does. Listed when the node has GPUs and the Node was read;
+  without Kubernetes, or without the device plugin's resource, ok with the reason, unless
+  ``readiness.require_device_plugin``.
+- ``topology.published``: topology discovered and the node labels/condition written (or
+  Kubernetes publishing switched off).
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from gpu_tune.judge.checks.base import Check, Facts, Family
+
+
+class DevicePlugin(Family):
+    name = "device_plugin"
+    category = "device_plugin"
+    source = "the Node (status.capacity / allocatable nvidia.com/gpu)"
+    reads = "the device plugin's nvidia.com/gpu capacity and allocatable against the GPUs NVML lists"
+    thresholds = "capacity >= GPUs not in MIG mode"
+    remedy = "restart the device plugin pod on the node, then check its log and nvidia-smi"
+    checks = ("gpu.allocatable",)
+
+    def evaluate(self, facts: Facts) -> list[Check]:
+        if facts.errors.get("gpus"):
+            return []
+        required = bool(getattr(facts.readiness, "require_device_plugin", False))
+        c = self.allocatable(list(facts.gpus), facts.node_facts, required=required)
+        return [c] if c is not None else []
+
+    def allocatable(self, gpus: list[Any], publish: Any, *, required: bool = False) -> Check | None:
+        name = "gpu.allocatable"
+        if not gpus or publish is None or getattr(publish, "node_read", None) is None:
+            return None  # no GPUs, or nothing published (read) yet
+        mig = sorted(g.index for g in gpus if g.mig_mode is True)
+        expected = len(gpus) - len(mig)
+        host = f"{len(gpus)} GPU(s) on the host" + (
+            f", {len(mig)} of them in MIG mode (GPU {', '.join(map(str, mig))})" if mig else "")
+        if not getattr(publish, "node_read", False):
+            why = str(getattr(publish, "detail", "") or "")
+            if why.startswith("kubernetes publishing off"):
+                return self.check(name, True, f"not checked: {why}")
+            return self.check(name, True, "not checked: the Node could not be read (see topology.published)")
+        cap = getattr(publish, "gpu_capacity", None)
+        alloc = getattr(publish, "gpu_allocatable", None)
+        if cap is None:
+            detail = f"the Node has no nvidia.com/gpu capacity: no NVIDIA device plugin runs on it ({host})"
+            if required:
+                return self.check(name, False, detail + ": deploy the device plugin (the GPU Operator), "
+                                                        "readiness.require_device_plugin is true")
+            return self.check(name, True, detail + "; not required (readiness.require_device_plugin is false)")
+        notes = []
+        if isinstance(alloc, int) and alloc < cap:
+            notes.append(f"allocatable {alloc}: the device plugin marks {cap - alloc} unhealthy")
+        if cap < expected:
+            figures = f"{cap} of {expected} GPUs offered by the device plugin (nvidia.com/gpu {cap}; {host})"
+            return self.check(name, False, f"{figures}: restart the device plugin pod on this node, then check its "
+                              "log and nvidia-smi" + "".join(f"; {n}" for n in notes),
+                              figures + "".join(f"; {n}" for n in notes))
+        if cap > expected:
+            notes.append("more than the GPUs: time-slicing replicas or MIG devices counted as nvidia.com/gpu")
+        return self.check(name, True, f"nvidia.com/gpu {cap} for {expected} GPU(s) ({host})"
+                          + "".join(f"; {n}" for n in notes))
+
+
+class Published(Family):
+    name = "published"
+    category = "publish"
+    source = "the agent's own writes to the API server"
+    reads = "whether topology discovery ran and the last publish of labels, annotations and the condition worked"
+    thresholds = "the publish succeeded (or Kubernetes publishing is off)"
+    remedy = "see the agent's log: RBAC (a 403 names the rule to add), API server reachability"
+    checks = ("topology.published",)
+
+    def evaluate(self, facts: Facts) -> list[Check]:
+        name = "topology.published"
+        if facts.errors.get("discover"):
+            return [self.check(name, False, f"topology discovery failed: {facts.errors['discover']}")]
+        if facts.errors.get("publish"):
+            return [self.check(name, False, f"publishing to Kubernetes failed: {facts.errors['publish']}")]
+        pub = facts.publish
+        if pub is None:
+            return [self.check(name, True, "publishing")] if facts.pending_publish else []
+        detail = str(getattr(pub, "detail", "") or "")
+        if bool(getattr(pub, "ok", False)):
+            return [self.check(name, True, detail or "topology published")]
+        return [self.check(name, False, detail or "publishing to Kubernetes failed")]

@@ -1,0 +1,113 @@
+"""XIDs and SXids from the kernel log since boot, judged by NVIDIA's XID catalog.
+
+- ``gpu.xid`` (fatal): a GPU logged an XID whose catalog action is reset the GPU, reboot or
+  inspect the hardware, in this boot, and nobody cleared it after a GPU reset. Read from the
+  kernel log (all of it since boot at the first pass, then what is new) and from NVML's events;
+  remembered in the agent's state folder, so an XID logged before the agent started, or while
+  it restarted, is judged as well. The same fatal XID in a third boot says "inspect the hardware".
+- ``nvswitch.sxid`` (fatal): an NVSwitch logged a fatal SXid in this boot.
+- ``gpu.kernel_log`` (warning): the kernel log cannot be read (listed only then): XIDs logged
+  while the agent does not run are not seen.
+"""
+
+from __future__ import annotations
+
+from gpu_tune.judge.checks.base import WARNING, Check, Facts, Family, listed
+from gpu_tune.judge.checks.catalog import ACTION_WORDS, catalog
+from gpu_tune.judge.checks.state import ESCALATE_BOOTS, XidRecord
+
+CLEAR_HINT = ("after the GPU is reset, `gpu-tune set-healthy --gpu {gpu}` on the node (or the Node label "
+              "gpu-tune.io/set-healthy=<any new value>) clears it; a reboot clears it too")
+
+
+def _when(r: XidRecord) -> str:
+    if r.first_usec is not None:
+        return f"first {r.first_usec / 1e6:.1f} s after boot"
+    return f"from {r.source}"
+
+
+class Xid(Family):
+    name = "xid"
+    category = "recovery"
+    source = "kernel log (/dev/kmsg, or syslog(2)), NVML XID events; state in /var/lib/gpu-tune/health.json"
+    reads = ("NVRM: Xid (PCI:BDF): N lines and nvidia-nvswitch SXid lines since boot, attributed by PCI "
+             "address; the boot id")
+    thresholds = ("an XID whose catalog action (xid_catalog.yaml) is reset_gpu, reboot or inspect_hw; a fatal "
+                  f"SXid; the same fatal XID in {ESCALATE_BOOTS} boots: inspect_hw")
+    remedy = "drain the node; reset the GPU or reboot as the catalog says; then `gpu-tune set-healthy`"
+    checks = ("gpu.xid", "nvswitch.sxid", "gpu.kernel_log", "gpu.health_state")
+
+    def evaluate(self, facts: Facts) -> list[Check]:
+        view = facts.history
+        host = facts.host
+        records = list(view.records) if view is not None else _from_events(facts)
+        out: list[Check] = []
+        log = getattr(host, "kernel_log", None)
+        trouble = [t for t in (facts.errors.get("health"), getattr(view, "state_error", None)) if t]
+        if trouble:
+            out.append(self.check("gpu.health_state", False, "; ".join(trouble) + ": fatal XIDs seen earlier in this "
+                                  "boot may be forgotten; see the agent log", "; ".join(trouble), severity=WARNING))
+        if log is not None and log.error:
+            out.append(self.check("gpu.kernel_log", False, f"{log.error}: XIDs logged while the agent does not run "
+                                  "are not seen (docs/security.md: the audit pod needs CAP_SYSLOG)",
+                                  log.error, severity=WARNING))
+        xids = [r for r in records if r.kind == "xid"]
+        if host is not None or xids or facts.gpus:
+            out.append(self._gpu_xids(facts, xids, log))
+        sxids = [r for r in records if r.kind == "sxid"]
+        if sxids:
+            cat = catalog()
+            texts = [f"{r.bus}: SXid {r.code} {(cat.sxid(r.code).name if cat.sxid(r.code) else r.message)[:80]} "
+                     f"(x{r.count}, {_when(r)})" for r in sxids]
+            out.append(Check("nvswitch.sxid", False, listed(texts) + ": drain the node and reset the NVSwitch fabric "
+                             "(reboot); inspect the switch if it recurs", "fatal SXid " + listed(texts, 2),
+                             category="fabric"))
+        return out
+
+    def _gpu_xids(self, facts: Facts, xids: list[XidRecord], log) -> Check:
+        cat = catalog()
+        by_bus = {g.pci_bus_id.lower().rsplit(".", 1)[0]: g for g in facts.gpus if g.pci_bus_id}
+        bad: dict[int, list[str]] = {}
+        texts, short = [], []
+        for r in sorted(xids, key=lambda r: (r.bus, r.code)):
+            g = by_bus.get(r.bus.rsplit(".", 1)[0])
+            who = f"GPU {g.index} ({g.pci_bus_id})" if g else f"PCI {r.bus} (no GPU there now)"
+            entry = cat.xid(r.code)
+            name = entry.name if entry else r.message[:80]
+            action = "inspect_hw" if r.escalated else (entry.action if entry else "reset_gpu")
+            again = f", seen in {r.boots} boots" if r.boots > 1 else ""
+            texts.append(f"{who}: XID {r.code} {name} (x{r.count}, {_when(r)}{again}): {ACTION_WORDS[action]}; "
+                         + CLEAR_HINT.format(gpu=g.index if g else "all"))
+            short.append(f"{'GPU ' + str(g.index) if g else r.bus}: XID {r.code} ({name})")
+            if g is not None:
+                bad.setdefault(g.index, []).append(str(r.code))
+        per = tuple((str(g.index), g.index not in bad) for g in facts.gpus)
+        if texts:
+            return self.check("gpu.xid", False, listed(texts), "fatal " + listed(short, 3), gpus=per)
+        where = f"kernel log: {log.source}" if log is not None and not log.error and log.source else (
+            "the kernel log is not readable: NVML events only" if log is not None else "NVML events")
+        cleared = f"; cleared: {view_cleared(facts)}" if view_cleared(facts) else ""
+        return self.check("gpu.xid", True, f"no fatal XID in this boot ({where}; catalog {cat.version}){cleared}",
+                          gpus=per)
+
+
+def _from_events(facts: Facts) -> list[XidRecord]:
+    """Without remembered state (a caller that keeps none): the fatal XIDs among the GPU backend's
+    own events, judged as they are."""
+    cat = catalog()
+    out = []
+    for g in facts.gpus:
+        counts: dict[int, int] = {}
+        for code in g.xid_events:
+            counts[int(code)] = counts.get(int(code), 0) + 1
+        for code, n in sorted(counts.items()):
+            entry = cat.xid(code)
+            if entry is not None and entry.fatal and g.pci_bus_id:
+                out.append(XidRecord("xid", g.pci_bus_id.lower().rsplit(".", 1)[0], code, n, 0.0, None, None,
+                                     entry.name, 1, "NVML events"))
+    return out
+
+
+def view_cleared(facts: Facts) -> str:
+    words = getattr(facts.history, "cleared", ()) or ()
+    return words[-1] if words else ""
