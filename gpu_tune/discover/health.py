@@ -30,15 +30,24 @@ MAX_SIGHTINGS = 1024
 MAX_MESSAGE = 240
 MAX_IB_PORTS = 256
 
-# NVRM: Xid (PCI:0000:1b:00): 79, pid='<unknown>', name=<unknown>, GPU has fallen off the bus.
-# (older drivers: "NVRM: Xid (0000:1b:00): 13, ..."; some give the function: "0000:1b:00.0")
-XID_RE = re.compile(r"NVRM: Xid \((?:PCI:)?(?P<bus>[0-9a-fA-F]{4,8}:[0-9a-fA-F]{2}:[0-9a-fA-F]{2})"
-                    r"(?:\.[0-7])?\): (?P<code>\d{1,10}),?\s*(?P<rest>.*)")
+# The driver's three forms (open-gpu-kernel-modules kernel_rc.c), and older drivers' without "PCI:":
+#   NVRM: Xid (PCI:0000:1b:00): 79, pid='<unknown>', name=<unknown>, GPU has fallen off the bus.
+#   NVRM: Xid (PCI:0000:1b:00 GPU-I:01 GPU-CI:00): 31, pid=1234, name=python, ...   (MIG)
+#   NVRM: Xid (0000:03:00): 14, Channel 00000001
+# The address is domain:bus:device (no function).
+XID_RE = re.compile(r"NVRM: Xid \((?:PCI:)?(?P<bus>[0-9a-fA-F]{4,8}:[0-9a-fA-F]{2}:[0-9a-fA-F]{2})(?:\.[0-7])?"
+                    r"(?: GPU-I:\d+)?(?: GPU-CI:\d+)?\): (?P<code>\d{1,10})(?:,\s*(?P<rest>.*)|\s*$)")
+# A GPU lost without an Xid line (the driver's other wording): counted as XID 79.
+FALLEN_RE = re.compile(r"NVRM: GPU (?:at )?(?P<bus>(?:[0-9a-fA-F]{4,8}:)?[0-9a-fA-F]{2}:[0-9a-fA-F]{2})\.[0-7]:? "
+                       r"(?:GPU )?has fallen off the bus")
 # nvidia-nvswitch3: SXid (PCI:0000:05:00.0): 12028, Non-fatal, Link 32 egress non-posted PRIV error
+# One event prints several records (the headline with Fatal/Non-fatal, then Severity ..., Data {...}):
+# only the headline is counted.
 SXID_RE = re.compile(r"(?P<dev>nvidia-nvswitch\d*): SXid \((?:PCI:)?(?P<bus>[0-9a-fA-F]{4,8}:[0-9a-fA-F]{2}:"
-                     r"[0-9a-fA-F]{2}(?:\.[0-7])?)\): (?P<code>\d{1,10}),?\s*(?P<sev>Non-fatal|Fatal)?[,\s]*(?P<rest>.*)")
+                     r"[0-9a-fA-F]{2}(?:\.[0-7])?)\): (?P<code>\d{1,10}), (?P<sev>Non-fatal|Fatal),?\s*(?P<rest>.*)")
+SXID_ANY = re.compile(r"SXid \(")
 # what a line must hold to be looked at (checked on the raw bytes, before decoding)
-WANT = re.compile(rb"Xid \(")
+WANT = re.compile(rb"Xid \(|fallen off the bus")
 
 
 @dataclass(frozen=True)
@@ -148,12 +157,21 @@ def parse_kernel_line(message: str) -> tuple[str, str, int, str, str | None, str
     """(kind, bus, code, rest, severity word, device) of an XID or SXid line; None otherwise."""
     m = XID_RE.search(message)
     if m:
-        return "xid", m.group("bus").lower(), int(m.group("code")), m.group("rest").strip(), None, None
+        return "xid", m.group("bus").lower(), int(m.group("code")), (m.group("rest") or "").strip(), None, None
     m = SXID_RE.search(message)
     if m:
         return ("sxid", m.group("bus").lower(), int(m.group("code")), m.group("rest").strip(), m.group("sev"),
                 m.group("dev"))
+    m = FALLEN_RE.search(message)
+    if m:
+        bus = m.group("bus").lower()
+        return "xid", bus if bus.count(":") == 2 else f"0000:{bus}", 79, "GPU has fallen off the bus", None, None
     return None
+
+
+def is_sxid_detail(message: str) -> bool:
+    """The second and later records of one SXid event (Severity ..., Data {...}): not an event."""
+    return bool(SXID_ANY.search(message)) and SXID_RE.search(message) is None
 
 
 def read_kernel_xids(log: KernelLog) -> tuple[tuple[XidSighting, ...], KernelLogStatus]:
@@ -164,7 +182,8 @@ def read_kernel_xids(log: KernelLog) -> tuple[tuple[XidSighting, ...], KernelLog
     for rec in log.read(WANT, stats):
         parsed = parse_kernel_line(rec.message)
         if parsed is None:
-            malformed += 1
+            if not is_sxid_detail(rec.message):
+                malformed += 1
             continue
         kind, bus, code, rest, sev, dev = parsed
         key = (kind, bus, code)

@@ -28,16 +28,36 @@ ACTION_WORDS = {
 CATALOG_FILE = Path(__file__).with_name("xid_catalog.yaml")
 
 
+NVLINK5 = frozenset(range(144, 151))  # decoded per line: the line says Fatal or Nonfatal
+
+
 @dataclass(frozen=True)
 class XidEntry:
     code: int
     name: str
     action: str
     category: str = ""
+    applies_to: tuple[str, ...] | None = None  # None: the catalog does not say (SXids)
+
+    @property
+    def unused(self) -> bool:
+        """Marked unused on every GPU generation the catalog covers (A100, H100, B100, GB200)."""
+        return self.applies_to is not None and not self.applies_to
 
     @property
     def fatal(self) -> bool:
-        return self.action in FATAL_ACTIONS
+        return self.action in FATAL_ACTIONS and not self.unused
+
+    def fatal_for(self, message: str) -> bool:
+        """Whether this record is fatal: NVLink5 XIDs (144-150) in the extended form say it
+        themselves (``... RLW_SRC_TRACK Nonfatal XC1 i0 Link 03 ...``)."""
+        if self.code in NVLINK5:
+            words = message.split()
+            if "Nonfatal" in words or "Non-fatal" in words:
+                return False
+            if "Fatal" in words:
+                return not self.unused
+        return self.fatal
 
 
 @dataclass(frozen=True)
@@ -54,11 +74,11 @@ class Catalog:
         return self.sxids.get(code)
 
 
-def _entries(items: Any, where: str) -> dict[int, XidEntry]:
+def _entries(items: Any, where: str, key: str) -> dict[int, XidEntry]:
     out: dict[int, XidEntry] = {}
     for i, item in enumerate(items or []):
         try:
-            code = int(item["xid"])
+            code = int(item[key])
             action = str(item["action"])
         except (KeyError, TypeError, ValueError) as exc:
             raise ValueError(f"{CATALOG_FILE.name}: {where}[{i}]: {exc}") from None
@@ -66,7 +86,10 @@ def _entries(items: Any, where: str) -> dict[int, XidEntry]:
             raise ValueError(f"{CATALOG_FILE.name}: {where}[{i}]: action {action!r} is not one of {', '.join(ACTIONS)}")
         if code in out:
             raise ValueError(f"{CATALOG_FILE.name}: {where}[{i}]: XID {code} is listed twice")
-        out[code] = XidEntry(code, str(item.get("name") or ""), action, str(item.get("category") or ""))
+        applies = item.get("applies_to")
+        out[code] = XidEntry(code, str(item.get("name") or ""), action,
+                             str(item.get("category") or item.get("class") or ""),
+                             tuple(applies) if isinstance(applies, list) else None)
     return out
 
 
@@ -77,4 +100,4 @@ def catalog() -> Catalog:
 
     doc = yaml_load(CATALOG_FILE.read_text(encoding="utf-8")) or {}
     return Catalog(source=str(doc.get("source") or ""), version=str(doc.get("version") or ""),
-                   xids=_entries(doc.get("xids"), "xids"), sxids=_entries(doc.get("sxids"), "sxids"))
+                   xids=_entries(doc.get("xids"), "xids", "xid"), sxids=_entries(doc.get("sxids"), "sxids", "sxid"))

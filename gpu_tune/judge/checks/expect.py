@@ -23,12 +23,13 @@ def expectations(profile: Any, baselines: Any, gpus: Sequence[GpuInfo], *, devic
                 break
     figs: dict[str, Any] = {}
     sources = []
-    if model is not None:
+    fabric = any(g.fabric is not None for g in gpus)
+    if model is not None and (model[1].applies_to == "any" or fabric):
         name, e = model
         base = {k: getattr(e, k) for k in ("gpus", "nvlink_active_per_gpu") if getattr(e, k) is not None}
         if base:
             figs.update(base)
-            sources.append(f"policies/baselines.yaml for {name}")
+            sources.append(f"policies/baselines.yaml for {name}" + (" on an NVSwitch baseboard" if fabric else ""))
     if want is not None:
         mine = {k: getattr(want, k) for k in ("gpus", "nvlink_active_per_gpu", "ib_ports", "ib_rate_gbps")
                 if getattr(want, k) is not None}

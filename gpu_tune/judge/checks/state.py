@@ -259,7 +259,7 @@ class HealthState:
         cat = catalog()
         for s in getattr(host, "xids", ()) or ():
             entry = cat.xid(s.code) if s.kind == "xid" else cat.sxid(s.code)
-            fatal = entry.fatal if entry is not None else (s.kind == "sxid" and s.severity_word == "Fatal")
+            fatal = entry.fatal_for(s.message) if entry is not None else (s.kind == "sxid" and s.severity_word == "Fatal")
             if not fatal:
                 continue
             if s.last_usec is not None and self._is_cleared(doc, s.bus, s.last_usec, now):

@@ -18,7 +18,7 @@ from __future__ import annotations
 import os
 import re
 from pathlib import Path
-from typing import Any
+from typing import Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
 
@@ -78,6 +78,10 @@ class HealthExpect(_Strict):
 
     gpus: int | None = Field(None, ge=0, le=1024)  # GPUs per node (an HGX board: 8)
     nvlink_active_per_gpu: int | None = Field(None, ge=0, le=64)
+    # nvswitch: only where the GPUs are part of an NVSwitch fabric (an HGX/DGX baseboard), so a
+    # cloud VM with one GPU of the model, or a PCIe server, is not judged by the baseboard's figures;
+    # any: wherever the model is found
+    applies_to: Literal["nvswitch", "any"] = "nvswitch"
     source: str = ""
 
 
