@@ -9,6 +9,7 @@ which records them for the whole GPU.
 
 from __future__ import annotations
 
+import ctypes
 from typing import Any, Callable
 
 from gpu_tune.gpu.base import Fabric, NvLink, RemappedRows, SramEcc
@@ -90,8 +91,8 @@ def _remapped_rows(nv: Any, h: Any, opt: Callable[[Callable[[], Any]], Any]) -> 
 def _sram(nv: Any, h: Any, opt: Callable[[Callable[[], Any]], Any]) -> SramEcc | None:
     cls = getattr(nv, "c_nvmlEccSramErrorStatus_v1_t", None)
     if cls is not None and getattr(nv, "nvmlDeviceGetSramEccErrorStatus", None) is not None:
-        status = cls()
-        if opt(lambda: nv.nvmlDeviceGetSramEccErrorStatus(h, status)) is not None:
+        status = cls()  # filled through a pointer: nvidia-ml-py passes the argument on as it is
+        if opt(lambda: nv.nvmlDeviceGetSramEccErrorStatus(h, ctypes.byref(status))) is not None:
             unc = int(status.volatileUncParity) + int(status.volatileUncSecDed)
             return SramEcc(uncorrected=unc, threshold_exceeded=bool(status.bThresholdExceeded))
     loc = getattr(nv, "NVML_MEMORY_LOCATION_SRAM", None)
@@ -158,7 +159,7 @@ def _fabric(nv: Any, h: Any, opt: Callable[[Callable[[], Any]], Any]) -> Fabric 
         if fn is None or cls is None:
             continue
         info = cls()
-        if opt(lambda: fn(h, info)) is None:
+        if opt(lambda: fn(h, ctypes.byref(info))) is None:
             continue
         state = FABRIC_STATES.get(int(info.state), f"unknown_{int(info.state)}")
         if state == "not_supported":

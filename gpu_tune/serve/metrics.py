@@ -121,14 +121,15 @@ FAMILIES: dict[str, tuple[str, tuple[str, ...]]] = {
                                GPU_LABELS + ("xid",)),
     "gpu_tune_gpu_nvlink_active_links": ("NVLinks of the GPU that are up", GPU_LABELS),
     "gpu_tune_gpu_nvlink_errors": ("NVLink error counters of the GPU summed over its links (reported, not "
-                                         "judged)", GPU_LABELS + ("counter",)),
-    "gpu_tune_gpu_pcie_replays": ("PCIe replay counter of the GPU since the driver loaded", GPU_LABELS),
-    "gpu_tune_gpu_pcie_aer_errors": ("PCIe AER errors the kernel counted on the GPU since boot",
-                                           GPU_LABELS + ("severity",)),
-    "gpu_tune_gpu_remapped_rows": ("Rows the GPU remapped (correctable, uncorrectable)", GPU_LABELS + ("kind",)),
-    "gpu_tune_infiniband_port_up": ("1 when the InfiniBand/RoCE port is ACTIVE and LinkUp, else 0",
-                                    ("device", "port", "link_layer")),
-    "gpu_tune_infiniband_port_rate_gbps": ("Rate of the InfiniBand/RoCE port in Gb/s", ("device", "port")),
+                                   "judged; no series while 0)", GPU_LABELS + ("counter",)),
+    "gpu_tune_gpu_pcie_replays": ("PCIe replay counter of the GPU since the driver loaded (no series while 0)",
+                                  GPU_LABELS),
+    "gpu_tune_gpu_pcie_aer_errors": ("PCIe AER errors the kernel counted on the GPU since boot (no series while 0)",
+                                     GPU_LABELS + ("severity",)),
+    "gpu_tune_gpu_remapped_rows": ("Rows the GPU remapped, correctable and uncorrectable (no series while 0)",
+                                   GPU_LABELS + ("kind",)),
+    "gpu_tune_infiniband_port_up": ("1 when the InfiniBand/RoCE port is ACTIVE and LinkUp, else 0 (rate_gbps: its "
+                                    "rate as sysfs says)", ("device", "port", "link_layer", "rate_gbps")),
     "gpu_tune_collector_success": ("1 when the stage succeeded in its latest run, else 0 "
                                    "(only with serve --metrics-detail)", ("collector",)),
     "gpu_tune_collector_duration_seconds": ("Duration of the stage's latest run (only with serve --metrics-detail)",
@@ -347,10 +348,10 @@ class SnapshotCollector(Collector):
 
 
 def health_families(col: "SnapshotCollector", snap: "Snapshot", rows: list[dict[str, Any]]) -> Iterator[GaugeMetricFamily]:
-    """The health checks per GPU and the readings they judge (docs/health.md): one series per check
-    failing on a GPU (none while healthy), 2 remap kinds, 1 + 3 NVLink figures, 3 AER severities and
-    1 replay counter per GPU where the GPU reports them, one series per fatal XID recorded, two per
-    InfiniBand port."""
+    """The health checks per GPU and the readings they judge (docs/health.md), bounded: one series per
+    check failing on a GPU, per fatal XID recorded, and per error counter that is not zero (NVLink
+    errors, PCIe replays, AER errors, remapped rows): none of them on a healthy node; the active
+    NVLinks per GPU that reports NVLink and one series per InfiniBand port."""
     labels = {r["labels"]["gpu"]: [r["labels"][k] for k in GPU_LABELS] for r in rows}
     by_bus = {str(r["labels"]["pci_bus_id"]).lower(): r["labels"]["gpu"] for r in rows}
     failing = col._fam("gpu_tune_gpu_check_failing")
@@ -372,15 +373,15 @@ def health_families(col: "SnapshotCollector", snap: "Snapshot", rows: list[dict[
             active.add_metric(lv, sum(1 for link in links if isinstance(link, Mapping) and link.get("active")))
             for counter in ("crc", "replay", "recovery"):
                 vals = [_num(link.get(f"{counter}_errors")) for link in links if isinstance(link, Mapping)]
-                vals = [v for v in vals if v is not None]
-                if vals:
-                    errs.add_metric(lv + [counter], sum(vals))
-        if _num(g.get("pcie_replay_count")) is not None:
+                total = sum(v for v in vals if v is not None)
+                if total:
+                    errs.add_metric(lv + [counter], total)
+        if _num(g.get("pcie_replay_count")):
             replays.add_metric(lv, _num(g["pcie_replay_count"]))
         rr = g.get("remapped_rows")
         if isinstance(rr, Mapping):
             for kind in ("correctable", "uncorrectable"):
-                if _num(rr.get(kind)) is not None:
+                if _num(rr.get(kind)):
                     remap.add_metric(lv + [kind], _num(rr[kind]))
     yield from (active, errs, replays, remap)
     aer = col._fam("gpu_tune_gpu_pcie_aer_errors")
@@ -390,7 +391,7 @@ def health_families(col: "SnapshotCollector", snap: "Snapshot", rows: list[dict[
             continue
         for sev in ("correctable", "nonfatal", "fatal"):
             v = getattr(counts, sev, None)
-            if v is not None:
+            if v:
                 aer.add_metric(labels[gpu] + [sev], v)
     yield aer
     xid = col._fam("gpu_tune_gpu_fatal_xid")
@@ -403,13 +404,10 @@ def health_families(col: "SnapshotCollector", snap: "Snapshot", rows: list[dict[
             xid.add_metric(labels[gpu] + [str(r.code)], 1)
     yield xid
     up = col._fam("gpu_tune_infiniband_port_up")
-    rate = col._fam("gpu_tune_infiniband_port_rate_gbps")
     for p in getattr(snap.host, "ib_ports", ()) or ():
-        up.add_metric([p.device, str(p.port), p.link_layer or ""], 1 if p.up else 0)
-        if p.rate_gbps is not None:
-            rate.add_metric([p.device, str(p.port)], p.rate_gbps)
+        up.add_metric([p.device, str(p.port), p.link_layer or "", "" if p.rate_gbps is None else f"{p.rate_gbps:g}"],
+                      1 if p.up else 0)
     yield up
-    yield rate
 
 
 def _family_rows(gain: Mapping[str, Any]) -> dict[str, tuple[str, float]]:

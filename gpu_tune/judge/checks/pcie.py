@@ -117,12 +117,14 @@ class Pcie(Family):
             if aer is not None and aer.nonfatal:
                 warn.setdefault(g.index, []).append(f"{aer.nonfatal} non-fatal uncorrectable PCIe error(s) since boot (AER)")
             rate = (getattr(facts.history, "replay_rates", {}) or {}).get(g.index)
-            gen_cur, _, w_cur, _ = pcie_link(g, pcie)
-            limit = replay_limit_per_minute(gen_cur, w_cur)
+            # the link's top figures: an idle GPU lowers its generation, and its replays are counted at
+            # whatever speed it ran (DCGM takes the current figures and can warn on an idle link)
+            _, gen_max, _, w_max = pcie_link(g, pcie)
+            limit = replay_limit_per_minute(gen_max, w_max)
             if rate is not None and limit is not None and rate.per_minute > limit:
                 warn.setdefault(g.index, []).append(
                     f"PCIe replays at {rate.per_minute:.1f}/min over {rate.minutes:.0f} min, above {limit:.2f}/min "
-                    f"(Gen{gen_cur} x{w_cur})")
+                    f"(Gen{gen_max} x{w_max})")
         by_index = {g.index: g for g in gpus}
         out = []
         if bad:

@@ -54,9 +54,12 @@ class Recovery(Family):
                 texts = [bad[i] for i in sorted(bad)]
                 out.append(self.check("gpu.recovery", False, listed(texts),
                                       listed([t.split(": drain")[0] for t in texts], 3), gpus=per_gpu(gpus, bad)))
-            else:
+            elif any(g.recovery_action is not None for g in gpus):
                 out.append(self.check("gpu.recovery", True, "NVML asks no recovery action of any GPU",
                                       gpus=per_gpu(gpus, bad)))
+            else:
+                out.append(self.check("gpu.recovery", True, "no GPU requires a reset (NVML reports no recovery "
+                                      "action here)", gpus=per_gpu(gpus, bad)))
         corrupted = {g.index: f"{gpu_label(g)}: InfoROM corrupted" for g in gpus if g.inforom_valid is False}
         if any(g.inforom_valid is not None for g in gpus):
             if corrupted:
