@@ -267,6 +267,12 @@ def test_helm_install_of_the_read_only_default_rolls_out_and_publishes(cluster):
     assert not our_taint(cluster)  # audit mode never taints
     status, body = agent_http("/agent-ready")
     assert status == 200, body
+    # the kernel log since boot, read by the unprivileged pod with CAP_SYSLOG alone (syslog(2): no
+    # device, no host mount; this machine has kernel.dmesg_restrict=1): no XID on this machine
+    _, ready = agent_http("/readiness")
+    checks = {c["name"]: c for c in ready["checks"]}
+    assert checks["gpu.xid"]["ok"] and "kernel log: syslog(2)" in checks["gpu.xid"]["detail"], checks
+    assert "gpu.kernel_log" not in checks, checks["gpu.kernel_log"]
     # read-only: not one kernel setting of this machine changed
     changed = [p for p in cluster.started if _read(p) != cluster.started[p]]
     assert not [p for p in changed if p.startswith(("/proc/sys/vm", "/sys/kernel/mm", "/proc/irq"))], changed
@@ -551,3 +557,90 @@ def test_kubectl_apply_k_daemonset_rolls_out_the_same(cluster):
     assert cond["status"] == "False" and cond["reason"] == "GpusNotVisible", cond
     assert not our_taint(cluster)
     assert events(cluster)[-1]["metadata"]["namespace"] == "default"
+
+
+# -- 4. the kernel log: least privilege, and a fixture GPU host's fatal XID ----------------------------
+FIXTURE_HOST = f"{E2E_DIR}/fixture-host"  # a generated 8-GPU host tree, the pod's --root
+XID79 = "3,90,88310022,-;NVRM: Xid (PCI:0000:5d:00): 79, pid='<unknown>', name=<unknown>, GPU has fallen off the bus.\n"
+
+
+def _replace_agent(cluster: Node, edit) -> None:
+    ds = json.loads(kubectl(cluster, "-n", NS, "get", "ds", "gpu-tune-audit", "-o", "json").stdout)
+    for key in ("resourceVersion", "uid", "creationTimestamp", "generation", "managedFields"):
+        ds["metadata"].pop(key, None)
+    ds.pop("status", None)
+    (c,) = ds["spec"]["template"]["spec"]["containers"]
+    edit(c)
+    f = cluster.tmp / "ds-audit.json"
+    f.write_text(json.dumps(ds))
+    kubectl(cluster, "replace", "-f", str(f))
+    rollout(cluster, "gpu-tune-audit", "agent replaced to rollout complete (s)")
+
+
+def _env(c: dict, **kv: str) -> None:
+    c["env"] = [e for e in c["env"] if e["name"] not in kv] + [{"name": k, "value": v} for k, v in kv.items()]
+
+
+def test_without_cap_syslog_the_kernel_log_is_a_warning_naming_it(cluster):
+    """The one capability the kernel log needs, shown by taking it away: the agent says so, as a
+    warning (never gating), and goes on."""
+    def drop_syslog(c):
+        c["securityContext"]["capabilities"]["add"] = ["SYS_NICE"]
+    _replace_agent(cluster, drop_syslog)
+
+    def warned():
+        _, ready = agent_http("/readiness")
+        return next((c for c in ready.get("checks", []) if c["name"] == "gpu.kernel_log"), None)
+    c = wait_for("gpu.kernel_log warning", warned, 6 * INTERVAL, cluster)
+    assert not c["ok"] and c["severity"] == "warning" and "CAP_SYSLOG" in c["detail"], c
+    assert condition(cluster)["reason"] == "GpusNotVisible"  # a warning never names the condition
+
+
+def test_a_fatal_xid_in_a_fixture_hosts_kernel_log_holds_the_node_until_it_reboots(cluster):
+    """The agent on a fixture GPU host (the fixture backend and a generated 8-GPU host tree as its
+    root, mounted into the pod): an XID 79 in that host's kernel log turns GPUHostReady False with
+    the XID named; the fixture's boot id changing (a reboot) makes it ready again."""
+    from tests.fixtures import hostgen
+
+    shutil.rmtree(FIXTURE_HOST, ignore_errors=True)
+    root = hostgen.build("dgx-8gpu", FIXTURE_HOST)
+    (root / "dev/kmsg").write_text(hostgen.KMSG_BOOT + XID79)
+    Path(E2E_DIR, "gpus-dgx.json").write_text((REPO / "tests/fixtures/gpu/dgx-8gpu.json").read_text())
+    pol = Path(E2E_DIR, "health-policies")
+    pol.mkdir(parents=True, exist_ok=True)
+    shutil.copy(REPO / "policies" / "baselines.yaml", pol)
+    (pol / "fixture-host.yaml").write_text("include: training.yaml\nreadiness:\n  require_compliant: false\n"
+                                           "  require_probe: false\n")
+    offer(cluster, 8)  # the device plugin offers the fixture's 8 GPUs
+
+    def fixture_host(c):
+        args = c["args"]
+        args[args.index("--root") + 1] = f"/host{FIXTURE_HOST}"
+        _env(c, GPU_TUNE_ROOT=f"/host{FIXTURE_HOST}", GPU_TUNE_GPU_BACKEND="fixture",
+             GPU_TUNE_GPU_FIXTURE=f"/host{E2E_DIR}/gpus-dgx.json", GPU_TUNE_POLICY_DIR=f"/host{pol}",
+             GPU_TUNE_PROFILE="fixture-host")
+    try:
+        t0 = time.monotonic()
+        _replace_agent(cluster, fixture_host)
+        cond = wait_for("GPUHostReady=False with the XID", lambda: (c := condition(cluster)) and
+                        c["reason"] == "FatalXid" and c, 10 * INTERVAL, cluster)
+        record_timing("fixture host: agent replaced to FatalXid on the Node (s)", time.monotonic() - t0)
+        assert cond["status"] == "False", cond
+        assert cond["message"].startswith("gpu.xid: fatal GPU 3: XID 79 (GPU has fallen off the bus)"), cond
+        assert "XID 79" in kubectl(cluster, "describe", "node", NODE).stdout
+        _, ready = agent_http("/readiness")
+        assert [c["name"] for c in ready["checks"] if not c["ok"] and c["severity"] == "fatal"] == ["gpu.xid"], ready
+        # remembered in the host's state folder, so a restarted agent holds it too
+        state = json.loads((root / "var/lib/gpu-tune/health.json").read_text())
+        assert list(state["records"]) == ["xid/0000:5d:00/79"], state
+        # a reboot: the boot id changes (the ring buffer of the new boot has no XID)
+        (root / "dev/kmsg").write_text(hostgen.KMSG_BOOT)
+        (root / "proc/sys/kernel/random/boot_id").write_text("3f1e2d3c-0000-4000-8000-00000000e2e0\n")
+        t0 = time.monotonic()
+        cond = wait_for("GPUHostReady=True after the reboot", lambda: (c := condition(cluster)) and
+                        c["status"] == "True" and c, 4 * INTERVAL, cluster)
+        record_timing("fixture host: boot id changed to Ready (s)", time.monotonic() - t0)
+        assert cond["reason"] == "AllChecksPassed", cond
+        assert [e["reason"] for e in events(cluster)][-1] == "GPUHostReady"
+    finally:
+        shutil.rmtree(FIXTURE_HOST, ignore_errors=True)

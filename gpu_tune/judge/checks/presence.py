@@ -88,7 +88,12 @@ class Presence(Family):
         if not pci and not n_nvml and not expected:
             return None
         problems = []
-        if facts.topology is not None and len(pci) != n_nvml:
+        notes = []
+        if facts.topology is not None and not pci and n_nvml:
+            # no NVIDIA controller in sysfs at all: not the host's /sys (a GPU fixture on another
+            # machine, /sys not mounted), not a GPU that fell off: nothing to compare
+            notes.append("not compared with the PCI bus: sysfs lists no NVIDIA GPU under --root (is /sys the host's?)")
+        elif facts.topology is not None and len(pci) != n_nvml:
             missing = [b for b in pci if b not in nvml]
             if len(pci) > n_nvml:
                 problems.append(f"{len(pci)} NVIDIA GPU(s) on the PCI bus but NVML lists {n_nvml}"
@@ -109,6 +114,6 @@ class Presence(Family):
             return self.check("gpu.count", False, "; ".join(problems) + ": drain the node, reseat or replace the "
                               "missing GPU (a GPU lost at runtime comes back after a reset or reboot)",
                               "; ".join(problems))
-        figs = f"{n_nvml} GPU(s): " + (f"PCI bus {len(pci)}, " if facts.topology is not None else "") + \
+        figs = f"{n_nvml} GPU(s): " + (f"PCI bus {len(pci)}, " if facts.topology is not None and pci else "") + \
             f"NVML {n_nvml}" + (f", expected {expected}" if expected else "")
-        return self.check("gpu.count", True, figs)
+        return self.check("gpu.count", True, figs + "".join(f"; {n}" for n in notes))
