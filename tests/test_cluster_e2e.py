@@ -616,6 +616,7 @@ def test_a_fatal_xid_in_a_fixture_hosts_kernel_log_holds_the_node_until_it_reboo
     def fixture_host(c):
         args = c["args"]
         args[args.index("--root") + 1] = f"/host{FIXTURE_HOST}"
+        args += ["--hardware-condition", "AcceleratedHardwareReady"]  # what node auto-repair watches
         _env(c, GPU_TUNE_ROOT=f"/host{FIXTURE_HOST}", GPU_TUNE_GPU_BACKEND="fixture",
              GPU_TUNE_GPU_FIXTURE=f"/host{E2E_DIR}/gpus-dgx.json", GPU_TUNE_POLICY_DIR=f"/host{pol}",
              GPU_TUNE_PROFILE="fixture-host")
@@ -630,6 +631,10 @@ def test_a_fatal_xid_in_a_fixture_hosts_kernel_log_holds_the_node_until_it_reboo
         assert "XID 79" in kubectl(cluster, "describe", "node", NODE).stdout
         _, ready = agent_http("/readiness")
         assert [c["name"] for c in ready["checks"] if not c["ok"] and c["severity"] == "fatal"] == ["gpu.xid"], ready
+        from gpu_tune.cluster.node_diff import find_condition
+
+        hw = find_condition(node_obj(cluster), "AcceleratedHardwareReady")
+        assert hw and (hw["status"], hw["reason"]) == ("False", "FatalXid"), hw
         # remembered in the host's state folder, so a restarted agent holds it too
         state = json.loads((root / "var/lib/gpu-tune/health.json").read_text())
         assert list(state["records"]) == ["xid/0000:5d:00/79"], state
@@ -642,5 +647,6 @@ def test_a_fatal_xid_in_a_fixture_hosts_kernel_log_holds_the_node_until_it_reboo
         record_timing("fixture host: boot id changed to Ready (s)", time.monotonic() - t0)
         assert cond["reason"] == "AllChecksPassed", cond
         assert [e["reason"] for e in events(cluster)][-1] == "GPUHostReady"
+        assert find_condition(node_obj(cluster), "AcceleratedHardwareReady")["status"] == "True"
     finally:
         shutil.rmtree(FIXTURE_HOST, ignore_errors=True)

@@ -521,3 +521,41 @@ def test_nvml_without_the_health_calls_reports_nothing_rather_than_healthy(monke
     names = {c.name: c for c in v.checks}
     assert not set(names) & {"gpu.inforom", "gpu.nvlink", "gpu.fabric"}
     assert names["gpu.recovery"].detail == "no GPU requires a reset (NVML reports no recovery action here)"
+
+
+# -- node auto-repair: the hardware condition -------------------------------------------------------
+def test_the_hardware_condition_is_false_only_on_a_hardware_fault():
+    from gpu_tune.cluster.labels import desired_node_state
+    from gpu_tune.cluster.node_diff import plan_node
+    from gpu_tune.gpu.base import GpuInfo
+    from gpu_tune.serve.stages import hardware_condition
+
+    def gpu(**kw):
+        return GpuInfo(index=0, uuid="u", name="NVIDIA H100 80GB HBM3", pci_bus_id="0000:18:00.0", **kw)
+
+    drift = {"settings": [{"id": "sysctl.vm.swappiness", "target": "host", "current": "60", "desired": "0",
+                           "status": "drift", "detail": ""}]}
+    prof = load_profile("training")
+    tuned_out = verdict(profile=prof, audit=drift, gpus=[gpu()], probes=[])
+    assert not tuned_out.ready and tuned_out.hardware().ready  # drift and no probe: not the hardware's fault
+    broken = verdict(profile=prof, audit=drift, gpus=[gpu(recovery_action="reboot")], probes=[])
+    hw = broken.hardware()
+    assert not hw.ready and hw.reason() == "GpuResetRequired" and hw.message().startswith("gpu.recovery: GPU 0")
+    assert "tuning.compliant" not in hw.message()
+    want = desired_node_state(profile="training", ready=broken.ready, reason=broken.reason(), message=broken.message(),
+                              topology={}, gpus=[], driver_version=None,
+                              hardware=hardware_condition("AcceleratedHardwareReady", broken))
+    (cond,) = want.more_conditions
+    assert (cond["type"], cond["status"], cond["reason"]) == ("AcceleratedHardwareReady", "False", "GpuResetRequired")
+    node = {"metadata": {"name": "n"}, "status": {"conditions": []}}
+    plan = plan_node(node, want)
+    assert [c["type"] for c in plan.conditions] == ["GPUHostReady", "AcceleratedHardwareReady"]
+    node["status"]["conditions"] = plan.conditions
+    assert plan_node(node, want).conditions == []  # written once: a steady pass writes nothing
+    assert hardware_condition(None, broken) is None
+
+
+def test_a_bad_hardware_condition_type_is_exit_2(cli):
+    for bad in ("Ready", "GPUHostReady", "not-camel", "x" * 80):
+        r = cli("serve", "--no-kube", "--hardware-condition", bad, "--port", "1")
+        assert r.returncode == 2 and "--hardware-condition" in r.stderr, (bad, r.stderr)

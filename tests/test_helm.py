@@ -38,7 +38,8 @@ SET_CASES = {
                        "tolerations[0].key=dedicated", "tolerations[0].operator=Equal",
                        "tolerations[0].value=gpu", "tolerations[0].effect=NoSchedule",
                        "extraEnv[0].name=GPU_TUNE_EXTRA", "extraEnv[0].value=on", "nodeSelector.pool=gpu",
-                       "interval=120", "maxUnavailable=2", "fullnameOverride=tuner"],
+                       "interval=120", "maxUnavailable=2", "fullnameOverride=tuner",
+                       "hardwareCondition=AcceleratedHardwareReady"],
 }
 
 
@@ -149,6 +150,8 @@ def test_every_option_reaches_the_pod(helm):
     params = parse_container_cli(ds)
     assert (params["mode"], params["profile"], params["interval"]) == ("enforce", "inference", 120.0)
     assert (str(getattr(params["probe_device"], "value", params["probe_device"])), params["probe_interval"]) == ("cpu", 0.0)
+    assert params["hardware_condition"] == "AcceleratedHardwareReady"
+    assert parse_container_cli(the(template(helm), "DaemonSet"))["hardware_condition"] is None  # off by default
     cm = [d for d in docs if d["kind"] == "ConfigMap"]
     assert {"name": "policies", "configMap": {"name": cm[0]["metadata"]["name"]}} in pod["volumes"]
 
@@ -196,6 +199,8 @@ def test_chart_version_is_the_package_version():
     ("probe.device=tpu", "device"),
     ("interval=0", "interval"),
     ("tolerations[0].opertor=Exists", "opertor"),
+    ("hardwareCondition=Ready", "hardwareCondition"),
+    ("hardwareCondition=not-camel", "hardwareCondition"),
 ])
 def test_schema_rejects_bad_values(helm, bad, word):
     proc = run([helm, "template", "gpu-tune", str(CHART), "--set", bad])

@@ -29,6 +29,10 @@ def serve_cmd(
                                   "1,500 more series on a 224-CPU, 8-GPU node; off by default")] = False,
     probe_device: Annotated[Device, typer.Option("--probe-device", case_sensitive=False, help="auto, gpu or cpu")] = Device.auto,
     probe_data: Annotated[Optional[str], typer.Option("--probe-data", metavar="PATH", help="MNIST data for the probe")] = None,
+    hardware_condition: Annotated[Optional[str], typer.Option(
+        "--hardware-condition", envvar="GPU_TUNE_HARDWARE_CONDITION", metavar="TYPE",
+        help="Also keep this Node condition, False only on a fatal hardware fault (never on tuning or the probe): "
+             "what a node auto-repair controller watches, e.g. AcceleratedHardwareReady [default: none]")] = None,
 ) -> int:
     from gpu_tune.serve.options import ServeOptions
     from gpu_tune.serve.server import serve
@@ -38,6 +42,6 @@ def serve_cmd(
         profile=profile, host=host, port=port, mode=mode.value, interval=interval,
         probe_interval=probe_interval, no_kube=no_kube, kubeconfig=kubeconfig, node=node,
         revert_on_exit=revert_on_exit, probe_device=probe_device.value, probe_data=probe_data,
-        verbose=g.verbose, metrics_detail=metrics_detail,
+        verbose=g.verbose, metrics_detail=metrics_detail, hardware_condition=hardware_condition or None,
     )
     return serve(opts)

@@ -132,12 +132,16 @@ class NodeWant:
     annotations: dict[str, str]
     condition: dict[str, str]
     taint_wanted: bool | None
+    # more conditions of the agent's: the hardware condition (type, status, reason, message) a
+    # node auto-repair controller may watch (docs/health.md "Node auto-repair"); none by default
+    more_conditions: tuple[dict[str, str], ...] = ()
 
     def as_dict(self) -> dict[str, Any]:
         return {
             "labels": dict(sorted(self.labels.items())),
             "annotations": dict(sorted(self.annotations.items())),
             "condition": dict(self.condition),
+            **({"more_conditions": [dict(c) for c in self.more_conditions]} if self.more_conditions else {}),
             "taint": {"key": TAINT_KEY, "effect": TAINT_EFFECT,
                       "wanted": {True: "present", False: "absent", None: "unchanged"}[self.taint_wanted]},
         }
@@ -381,6 +385,7 @@ def desired_node_state(
     probes: Sequence[Mapping[str, Any]] | None = None,
     mode: str = "enforce",
     gain: Mapping[str, Any] | None = None,
+    hardware: tuple[str, bool, str, str] | None = None,
 ) -> NodeWant:
     """The labels, annotations, ``GPUHostReady`` condition and taint wish for one verdict.
 
@@ -390,6 +395,7 @@ def desired_node_state(
     ``checks`` (the verdict's checks, decided before publishing), ``audit`` (the audit document)
     and ``probes`` (probe verdict documents) make the ``gpu-tune.io/summary`` annotation.
     ``mode`` ``audit`` or ``revert``: the taint is never wanted (see the module docstring).
+    ``hardware``: (condition type, ready, reason, message) of the hardware condition, or None.
     """
     topology = topology if isinstance(topology, dict) else {}
     rows = _gpu_rows(gpus, topology)
@@ -438,4 +444,10 @@ def desired_node_state(
         taint: bool | None = False
     else:
         taint = True if taint_when_not_ready else None
-    return NodeWant(labels=labels, annotations=annotations, condition=condition, taint_wanted=taint)
+    more: tuple[dict[str, str], ...] = ()
+    if hardware is not None:
+        htype, hready, hreason, hmessage = hardware
+        more = ({"type": htype, "status": "True" if hready else "False", "reason": _condition_reason(hreason, hready),
+                 "message": (hmessage or "").strip()[:MAX_CONDITION_MESSAGE]},)
+    return NodeWant(labels=labels, annotations=annotations, condition=condition, taint_wanted=taint,
+                    more_conditions=more)

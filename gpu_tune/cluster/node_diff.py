@@ -69,6 +69,13 @@ class NodePlan:
     transition: bool
     changed: list[str] = field(default_factory=list)
     skipped: list[str] = field(default_factory=list)
+    # the other conditions the agent keeps (the hardware condition, docs/health.md) that differ
+    more_conditions: list[dict[str, str]] = field(default_factory=list)
+
+    @property
+    def conditions(self) -> list[dict[str, str]]:
+        """Every condition to write in this pass's one status patch."""
+        return ([self.condition] if self.condition is not None else []) + self.more_conditions
 
 
 def now_rfc3339() -> str:
@@ -152,14 +159,27 @@ def plan_node(node: dict[str, Any], want: NodeWant, now: str | None = None, *,
         if new_taints is not None:
             patch["spec"] = {"taints": new_taints}
 
-    cur = find_condition(node)
-    wc = want.condition
+    ts = time.time() if now_ts is None else now_ts
+    cond, transition = _plan_condition(node, want.condition, CONDITION_TYPE, now, heartbeat_s, ts, changed)
+    more = []
+    for extra in want.more_conditions:
+        c, _ = _plan_condition(node, extra, str(extra["type"]), now, heartbeat_s, ts, changed)
+        if c is not None:
+            more.append(c)
+    return NodePlan(metadata_patch=patch, condition=cond, transition=transition, changed=changed, skipped=skipped,
+                    more_conditions=more)
+
+
+def _plan_condition(node: dict[str, Any], wc: dict[str, str], ctype: str, now: str, heartbeat_s: float | None,
+                    now_ts: float, changed: list[str]) -> tuple[dict[str, str] | None, bool]:
+    """The condition ``ctype`` to write (None: as it is), and whether its status changes."""
+    cur = find_condition(node, ctype)
     cond: dict[str, str] | None = None
     transition = False
     if cur is None or any(cur.get(k) != wc.get(k) for k in ("status", "reason", "message")):
         transition = cur is None or cur.get("status") != wc.get("status")
         cond = {
-            "type": CONDITION_TYPE,
+            "type": ctype,
             "status": wc.get("status", "Unknown"),
             "reason": wc.get("reason", ""),
             "message": wc.get("message", ""),
@@ -167,17 +187,16 @@ def plan_node(node: dict[str, Any], want: NodeWant, now: str | None = None, *,
             "lastTransitionTime": now if transition else (cur or {}).get("lastTransitionTime") or now,
         }
         if cur is None:
-            changed.append(f"condition {CONDITION_TYPE}={cond['status']} ({cond['reason']}) added")
+            changed.append(f"condition {ctype}={cond['status']} ({cond['reason']}) added")
         elif transition:
-            changed.append(f"condition {CONDITION_TYPE}: {cur.get('status')} -> {cond['status']} ({cond['reason']})")
+            changed.append(f"condition {ctype}: {cur.get('status')} -> {cond['status']} ({cond['reason']})")
         else:
-            changed.append(f"condition {CONDITION_TYPE} reason/message updated ({cond['reason']})")
+            changed.append(f"condition {ctype} reason/message updated ({cond['reason']})")
     elif heartbeat_s is not None and heartbeat_s > 0:
-        age = _age_s(cur.get("lastHeartbeatTime"), time.time() if now_ts is None else now_ts)
+        age = _age_s(cur.get("lastHeartbeatTime"), now_ts)
         if age is None or age >= heartbeat_s:
-            cond = {"type": CONDITION_TYPE, **{k: cur.get(k, "") for k in ("status", "reason", "message")},
+            cond = {"type": ctype, **{k: cur.get(k, "") for k in ("status", "reason", "message")},
                     "lastHeartbeatTime": now, "lastTransitionTime": cur.get("lastTransitionTime") or now}
-            changed.append(f"condition {CONDITION_TYPE} heartbeat"
-                           + (f" ({age:.0f}s since the last)" if age is not None else ""))
-    return NodePlan(metadata_patch=patch, condition=cond, transition=transition, changed=changed, skipped=skipped)
+            changed.append(f"condition {ctype} heartbeat" + (f" ({age:.0f}s since the last)" if age is not None else ""))
+    return cond, transition
 

@@ -370,9 +370,9 @@ class KubePublisher:
 
         for attempt in range(1, self._conflict_attempts + 1):
             plan = plan_node(node, want, heartbeat_s=self._heartbeat)
-            if plan.condition is None:
+            if not plan.conditions:
                 break
-            body = {"status": {"conditions": [plan.condition]}}
+            body = {"status": {"conditions": plan.conditions}}
             try:
                 node = self._call(ctx, "patch", "nodes/status", lambda: self._api.request(
                     "PATCH", node_path(self.node, "/status"), query=[("fieldManager", COMPONENT)], body=body,

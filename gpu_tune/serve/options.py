@@ -6,7 +6,12 @@ from dataclasses import dataclass
 
 from gpu_tune.errors import InputError
 
+import re
+
 MODES = ("audit", "enforce", "revert")
+# Condition types the agent never writes: its own readiness condition and the kubelet's.
+RESERVED_CONDITIONS = ("GPUHostReady", "Ready", "MemoryPressure", "DiskPressure", "PIDPressure", "NetworkUnavailable")
+CONDITION_TYPE_RE = re.compile(r"[A-Z][A-Za-z0-9]{0,62}")
 # Modes a Node's gpu-tune.io/mode label may ask for over --mode: only ones that write less.
 NODE_MODES = ("audit", "revert")
 
@@ -33,6 +38,9 @@ class ServeOptions:
     verbose: bool = False
     enforce_min_interval: float = 300.0
     jitter: float = 0.1
+    # a second Node condition, False only on a fatal hardware fault, for node auto-repair
+    # (docs/health.md); None: not written
+    hardware_condition: str | None = None
 
     def validate(self) -> None:
         if self.mode not in MODES:
@@ -47,3 +55,7 @@ class ServeOptions:
             raise InputError(f"--probe-device {self.probe_device!r}: expected auto, gpu or cpu")
         if not 0 <= self.jitter < 1:
             raise InputError(f"jitter {self.jitter}: must be within 0..1")
+        hc = self.hardware_condition
+        if hc is not None and (not CONDITION_TYPE_RE.fullmatch(hc) or hc in RESERVED_CONDITIONS):
+            raise InputError(f"--hardware-condition {hc!r}: expected a condition type in CamelCase (e.g. "
+                             f"AcceleratedHardwareReady), not one of {', '.join(RESERVED_CONDITIONS)}")

@@ -76,6 +76,14 @@ class Stages:
     health: Callable[..., Any] | None = None
 
 
+def hardware_condition(ctype: str | None, v: Verdict) -> tuple[str, bool, str, str] | None:
+    """(type, ready, reason, message) of the hardware condition for the verdict, or None."""
+    if not ctype:
+        return None
+    hw = v.hardware()
+    return ctype, hw.ready, hw.reason(), hw.message()
+
+
 def default_stages(options: ServeOptions) -> Stages:
     """The real stages over the host under ``options.root``. Raises InputError on bad input."""
     from gpu_tune.tune import engine
@@ -157,7 +165,8 @@ def default_stages(options: ServeOptions) -> Stages:
                                   message=v.message(), topology=topo, gpus=gpu_docs,
                                   driver_version=driver_version,
                                   taint_when_not_ready=profile.readiness.taint,
-                                  checks=v.checks, audit=audit, probes=probes, mode=mode, gain=gain)
+                                  checks=v.checks, audit=audit, probes=probes, mode=mode, gain=gain,
+                                  hardware=hardware_condition(options.hardware_condition, v))
         return publisher.publish(want)
 
     def revert():
