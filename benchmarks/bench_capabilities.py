@@ -17,7 +17,9 @@ Checks, each printed with its figure:
    and ended by their PIDs) so that ``/proc/<pid>/limits`` and ``/proc/<pid>/comm`` of host
    processes are read.
 2. ``gpu-tune run --numa-node 0`` (the probe's binder: ``numactl --membind``) works with the
-   set, and fails without CAP_SYS_NICE: the one capability the audit shape adds, and why.
+   set, and fails without CAP_SYS_NICE; ``gpu-tune check`` reads the kernel log (``syslog(2)``)
+   with the set, and reports it unreadable without CAP_SYSLOG (``kernel.dmesg_restrict=1``): the
+   two capabilities the audit shape adds, and why.
 3. The CPU probe passes in the audit shape (``--no-probe`` skips it: about a minute).
 4. ``gpu-tune serve`` answers ``/readiness`` in the audit shape.
 5. A write to ``/host/proc/sys`` and a remount read-write of ``/host/proc`` are refused.
@@ -163,6 +165,23 @@ def main() -> int:
     print(f"2. numactl --membind through `gpu-tune run --numa-node 0`: with {caps} exit {with_set.returncode}; "
           f"with {less} exit {without.returncode} ({(without.stderr.strip().splitlines() or [''])[-1][:80]})")
     ok &= with_set.returncode == 0 and ("SYS_NICE" not in caps or without.returncode != 0)
+
+    # 2b. the kernel log (syslog(2)): with the set, and with the set less SYSLOG
+    def kernel_log(a: list[str]) -> tuple[int, dict]:
+        p = podman(a, args.image, ["check", "--root", "/host", "-o", "json"])
+        try:
+            doc = json.loads(p.stdout)
+        except ValueError:
+            return p.returncode, {"error": p.stderr.strip()[-200:]}
+        return p.returncode, {c["name"]: c for c in doc["checks"]}
+    rc, with_log = kernel_log(shape)
+    less_log = [c for c in caps if c != "SYSLOG"]
+    rc2, without_log = kernel_log(shape_args(sc, mounts, profile, caps=less_log))
+    read = "gpu.kernel_log" not in with_log and "syslog(2)" in (with_log.get("gpu.xid") or {}).get("detail", "")
+    refused = (without_log.get("gpu.kernel_log") or {}).get("detail", "")
+    print(f"2b. the kernel log: with {caps}: {'read through syslog(2)' if read else with_log}; with {less_log}: "
+          f"{refused[:120] or without_log}")
+    ok &= read and ("SYSLOG" not in caps or "CAP_SYSLOG" in refused)
 
     # 3. the CPU probe
     if not args.no_probe:

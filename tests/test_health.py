@@ -559,3 +559,36 @@ def test_a_bad_hardware_condition_type_is_exit_2(cli):
     for bad in ("Ready", "GPUHostReady", "not-camel", "x" * 80):
         r = cli("serve", "--no-kube", "--hardware-condition", bad, "--port", "1")
         assert r.returncode == 2 and "--hardware-condition" in r.stderr, (bad, r.stderr)
+
+
+def test_the_fleet_view_leads_with_the_most_urgent_check_and_names_warnings():
+    """The summary annotation lists failing fatal checks most urgent first, warnings by name; the
+    fleet's why column reads them in that order."""
+    import time as _time
+
+    from gpu_tune.cluster.fleet import NOT_READY, fleet_report, render_table
+    from gpu_tune.cluster.labels import desired_node_state
+    from gpu_tune.gpu.base import GpuInfo
+    from tests.fixtures.fleet import agent_node
+
+    gpus = [GpuInfo(index=0, uuid="u0", name="NVIDIA H100 80GB HBM3", pci_bus_id="0000:18:00.0", inforom_valid=False,
+                    remapped_rows=None),
+            GpuInfo(index=1, uuid="u1", name="NVIDIA H100 80GB HBM3", pci_bus_id="0000:19:00.0", error="GPU is lost",
+                    error_kind="lost")]
+    drift = {"settings": [{"id": "sysctl.vm.swappiness", "target": "host", "current": "60", "desired": "0",
+                           "status": "drift", "detail": ""}]}
+    v = verdict(profile=load_profile("training"), audit=drift, gpus=gpus, probes=[{"gpu": "0", "passed": True}])
+    want = desired_node_state(profile="training", ready=v.ready, reason=v.reason(), message=v.message(),
+                              topology={}, gpus=[g.as_dict() for g in gpus], driver_version=None, checks=v.checks,
+                              audit=drift)
+    now = _time.time()
+    node = agent_node("gpu-a", want, now=now)
+    report = fleet_report([{"metadata": {"name": node["name"], "labels": node["labels"],
+                                         "annotations": node["annotations"]},
+                            "status": {"conditions": node["conditions"]}}], now=now)
+    (row,) = report.nodes
+    assert row.status == NOT_READY
+    assert [f["check"] for f in row.failing] == ["gpu.present", "tuning.compliant"]  # not the listing order
+    assert row.warnings == ("gpu.inforom",)
+    assert "gpu.present: GPU 1 (0000:19:00.0) is lost" in render_table(report) and "warnings: gpu.inforom" in \
+        render_table(report)

@@ -72,6 +72,7 @@ class FleetNode:
     probe: Mapping[str, Any] = field(default_factory=dict)
     failing: tuple[Mapping[str, str], ...] = ()
     reason: str = ""  # why NotReporting
+    warnings: tuple[str, ...] = ()  # the failing warning checks' names (never gating)
     gain: Mapping[str, Any] = field(default_factory=dict)  # the summary's gain: verdict, ratio, ci95
 
     def gain_text(self) -> str:
@@ -103,7 +104,7 @@ class FleetNode:
                 "heartbeat": self.heartbeat, "profile": self.profile, "gpu_model": self.gpu_model,
                 "gpu_count": self.gpu_count, "drift": self.drift,
                 "probe": {"passed": passed, "targets": total, "by_target": dict(self.probe)},
-                "failing": [dict(f) for f in self.failing], "reason": self.reason,
+                "failing": [dict(f) for f in self.failing], "reason": self.reason, "warnings": list(self.warnings),
                 "gain": dict(self.gain) or None}
 
 
@@ -248,7 +249,9 @@ def judge_node(node: Mapping[str, Any], *, now: float, stale_after_s: float = ST
         failing.append({"check": "node.Ready", "detail": f"kubelet: {kubelet.get('reason') or ''} "
                                                           f"{kubelet.get('message') or ''}".strip()})
     status = READY if cond.get("status") == "True" and not failing else NOT_READY
-    return FleetNode(status=status, failing=tuple(failing), **base)
+    warn = summary.get("warnings")
+    warnings = tuple(str(w) for w in warn if isinstance(w, str))[:24] if isinstance(warn, list) else ()
+    return FleetNode(status=status, failing=tuple(failing), warnings=warnings, **base)
 
 
 def fleet_report(nodes: Iterable[Mapping[str, Any]], *, now: float | None = None,
@@ -293,6 +296,8 @@ def _reasons(row: FleetNode) -> str:
         d = " ".join(str(f.get("detail", "")).split())
         d = d if len(d) <= MAX_TABLE_DETAIL else d[:MAX_TABLE_DETAIL - 1] + "…"
         parts.append(f"{f.get('check')}: {d}" if d else str(f.get("check")))
+    if row.warnings:
+        parts.append(f"warnings: {', '.join(row.warnings)}")
     return "; ".join(parts)
 
 

@@ -43,7 +43,7 @@ wrote; stale ones are removed on the next publish, others' labels are never touc
                      "peer_group": "NVIDIA H100 80GB HBM3 | driver 580 | ..."}}}
 
 ``drift`` is the number of audit rows in drift, conflict or error (null before the first audit);
-``failing`` the failing fatal readiness checks with their detail (readings that move from pass to
+``failing`` the failing fatal readiness checks with their detail, the most urgent first (readings that move from pass to
 pass, a GPU's utilization or temperature, are left out of it); ``warnings`` (only when some fail)
 the names of the failing warning checks; ``probe`` one entry per probe target: its
 status, the accuracy and fingerprint of the deterministic run; ``gain`` (only when the agent
@@ -322,8 +322,14 @@ def node_summary(*, audit: Mapping[str, Any] | None, checks: Iterable[Any] | Non
     if isinstance(audit, Mapping):
         drift = sum(1 for r in audit.get("settings", []) or [] if _get(r, "status") in NONCOMPLIANT)
     checks = list(checks or [])
+    from gpu_tune.judge.checks.base import CATEGORIES
+
+    def urgency(c: Any) -> int:  # the most urgent first, as the condition names them (stable sort)
+        cat = _get(c, "category")
+        return CATEGORIES.index(cat) if cat in CATEGORIES else len(CATEGORIES)
+
     failing = [{"check": str(_get(c, "name")), "detail": stable_detail(_get(c, "detail") or "")}
-               for c in checks if not _get(c, "ok") and (_get(c, "severity") or "fatal") == "fatal"]
+               for c in sorted(checks, key=urgency) if not _get(c, "ok") and (_get(c, "severity") or "fatal") == "fatal"]
     doc: dict[str, Any] = {"v": SUMMARY_VERSION, "drift": drift, "failing": failing[:MAX_SUMMARY_FAILING]}
     if len(failing) > MAX_SUMMARY_FAILING:
         doc["failing_more"] = len(failing) - MAX_SUMMARY_FAILING
