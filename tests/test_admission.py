@@ -209,10 +209,10 @@ DENIED = {
                             "its own taint"),
     "own key with NoExecute": (lambda n: n["spec"]["taints"].append({"key": "gpu-tune.io/not-ready",
                                                                      "effect": "NoExecute"}), "its own taint"),
-    "Ready condition changed": (lambda n: cond(n, "Ready").update(status="False"), "GPUHostReady condition"),
-    "condition removed": (lambda n: n["status"].update(conditions=[cond(n, "GPUHostReady")]), "GPUHostReady condition"),
+    "Ready condition changed": (lambda n: cond(n, "Ready").update(status="False"), "its own conditions"),
+    "condition removed": (lambda n: n["status"].update(conditions=[cond(n, "GPUHostReady")]), "its own conditions"),
     "condition added": (lambda n: n["status"]["conditions"].append({"type": "NetworkUnavailable", "status": "True"}),
-                        "GPUHostReady condition"),
+                        "its own conditions"),
     "GPU capacity faked": (lambda n: n["status"]["capacity"].update({"nvidia.com/gpu": "16"}), "status"),
     "GPU allocatable faked": (lambda n: n["status"]["allocatable"].update({"nvidia.com/gpu": "16"}), "status"),
     "addresses changed": (lambda n: n["status"]["addresses"][0].update(address="10.9.9.9"), "status"),
@@ -295,3 +295,24 @@ def test_every_field_of_the_node_schema_is_guarded(policy, where, kind):
 
 # The agent's own writes through the policy, on a real kube-apiserver with a pod-bound token:
 # tests/test_cluster_access.py.
+
+
+def test_the_hardware_condition_is_owned_only_where_the_chart_keeps_one(policy, tmp_path):
+    """The agent's hardware condition (docs/health.md) may be written only when the release keeps
+    one: the chart adds its type to the owned conditions; the shipped policy owns GPUHostReady alone."""
+    old = node("gpu-1")
+    new = changed(old, lambda n: n["status"]["conditions"].append(
+        {"type": "AcceleratedHardwareReady", "status": "False", "reason": "FatalXid"}))
+    assert policy.review(old, new, extra=token("gpu-1"), subresource="status") != []  # not owned by default
+    from tests.test_helm import template
+    from tests.helmbin import helm_binary
+
+    docs = template(str(helm_binary()), sets=["hardwareCondition=AcceleratedHardwareReady"])
+    (doc,) = [d for d in docs if d["kind"] == "ValidatingAdmissionPolicy"]
+    owned = next(v for v in doc["spec"]["variables"] if v["name"] == "ownedConditions")
+    assert owned["expression"] == "['GPUHostReady', 'AcceleratedHardwareReady']"
+    doc["spec"]["matchConditions"][0]["expression"] = policy.spec["matchConditions"][0]["expression"]
+    with_hw = Policy(doc)
+    assert with_hw.review(old, new, extra=token("gpu-1"), subresource="status") == []
+    kubelets = changed(old, lambda n: cond(n, "Ready").update(status="False"))
+    assert with_hw.review(old, kubelets, extra=token("gpu-1"), subresource="status") != []

@@ -39,6 +39,18 @@ def label_once(g: Any, *, profile: str, node: str | None, kubeconfig: str | None
         errors["discover"] = f"{type(exc).__name__}: {exc}"
     report = engine.audit(engine.make_context(fs, prof, backend)).as_dict()
     gpus = [x.as_dict() for x in backend.gpus()]
+    from gpu_tune.gpu.base import GpuInfo
+    from gpu_tune.judge.checks.expect import device_ids, expectations
+    from gpu_tune.judge.checks.monitor import HealthMonitor
+    from gpu_tune.judge.probe import load_baselines
+
+    infos = [GpuInfo.from_dict(d) for d in gpus]
+    monitor = HealthMonitor(fs)
+    try:
+        host, history = monitor.read(infos, topo_doc)
+    finally:
+        monitor.close()
+    expect = expectations(prof, load_baselines(g.policy_dir), infos, device_ids=device_ids(topo_doc))
     probes = load_probe_results(fs, prof.name)
     if probes is None:
         errors["probe"] = "no probe result yet: run `gpu-tune probe` (or the agent) first"
@@ -47,7 +59,8 @@ def label_once(g: Any, *, profile: str, node: str | None, kubeconfig: str | None
     try:
         facts = publisher.read()
         judge = dict(profile=prof, audit=report, gpus=gpus, topology=topo_doc, probes=probes or [],
-                     errors=errors, last_publish=facts if facts.node_read else None)
+                     errors=errors, last_publish=facts if facts.node_read else None, host=host, history=history,
+                     expect=expect)
         pre = verdict(**judge, pending_publish=True)
         topo_for_labels = {**(topo_doc or {}), "cuda_driver_version": backend.cuda_driver_version()}
         want = desired_node_state(profile=prof.name, ready=pre.ready, reason=pre.reason(), message=pre.message(),
