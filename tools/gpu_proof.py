@@ -8,6 +8,10 @@ Steps, in this order (``--steps`` picks some):
 
 environment  GPU model, driver and CUDA through NVML; Python; TensorFlow and its build info; CPUs
 topology     ``gpu-tune topology -o json`` (NVML backend on a GPU)
+health       ``gpu-tune check -o json``: every health check (docs/health.md) on this GPU host, its
+             readings (NVLink links, PCIe replays, clocks, recovery action, remapped rows, fabric)
+             and the kernel log's source; a healthy GPU passes every fatal health check (no false
+             alarm)
 tuning       ``audit`` -> ``apply`` -> ``audit`` (compliant?) -> ``revert`` -> ``audit``: every file the
              journal recorded is compared byte for byte with what it held before (and with the
              journal's copy); NVML persistence mode before, after apply, after revert
@@ -57,15 +61,15 @@ from typing import Any, Callable
 
 REPO = Path(__file__).resolve().parent.parent
 FORMAT = 1
-STEPS = ("environment", "topology", "tuning", "probe", "torch", "fingerprint", "gain", "serve")
+STEPS = ("environment", "topology", "health", "tuning", "probe", "torch", "fingerprint", "gain", "serve")
 # Seconds a step is expected to take (to decide whether it fits the budget) and its hard limit.
 EXPECT = {
-    "gpu": {"environment": 40, "topology": 10, "tuning": 30, "probe": 75, "fingerprint": 330, "gain": 360,
+    "gpu": {"environment": 40, "topology": 10, "health": 10, "tuning": 30, "probe": 75, "fingerprint": 330, "gain": 360,
             "serve": 110, "torch": 50},
-    "cpu": {"environment": 15, "topology": 5, "tuning": 10, "probe": 25, "fingerprint": 90, "gain": 50,
+    "cpu": {"environment": 15, "topology": 5, "health": 5, "tuning": 10, "probe": 25, "fingerprint": 90, "gain": 50,
             "serve": 40, "torch": 30},
 }
-LIMIT = {"environment": 240, "topology": 60, "tuning": 240, "probe": 420, "fingerprint": 1200, "gain": 900,
+LIMIT = {"environment": 240, "topology": 60, "health": 60, "tuning": 240, "probe": 420, "fingerprint": 1200, "gain": 900,
          "serve": 420, "torch": 300}
 FIXTURE_TUNE = "vm-virtio-2node"  # a VM with an H100 passed through (tests/fixtures/pcigen.py)
 FIXTURE_RUN = "small-2cpu"  # CPUs 0-1 exist on every test machine: the probe binds to them
@@ -491,6 +495,60 @@ def step_topology(ctx: dict[str, Any], r: Runner) -> dict[str, Any]:
     ok = bool(gpus) or ctx["device"] == "cpu"
     return {"status": "passed" if ok else "failed", "reason": "" if ok else "no GPU in the topology",
             "summary": summary, "data": {"host": host["root"], "command": cmd_summary(t), "topology": doc}}
+
+
+# The GPU backend's health readings per GPU, as JSON (run with the proof's interpreter):
+# argv: backend, fixture file or "".
+READINGS = """
+import json, sys
+from gpu_tune.gpu import select_backend
+KEYS = ("recovery_action", "reset_required", "inforom_valid", "remapped_rows", "sram_ecc", "nvlink_p2p", "fabric",
+        "pcie_replay_count", "clock_throttle_reasons", "sm_clock_mhz", "sm_clock_max_mhz", "pcie_link_gen_current",
+        "pcie_link_width_current")
+out = []
+for g in select_backend(sys.argv[1], sys.argv[2] or None).gpus():
+    d = g.as_dict()
+    row = {"index": g.index, "name": g.name, "pci_bus_id": g.pci_bus_id, "error": g.error}
+    row.update({k: d.get(k) for k in KEYS})
+    links = d.get("nvlink")
+    row["nvlink_active"] = None if links is None else sum(1 for x in links if x.get("active"))
+    row["nvlink_errors"] = None if links is None else {
+        k: sum(x.get(k) or 0 for x in links) for k in ("crc_errors", "replay_errors", "recovery_errors")}
+    out.append(row)
+print(json.dumps(out))
+"""
+HARDWARE_CHECKS = ("gpu.backend", "gpu.present", "gpu.count", "gpu.xid", "gpu.recovery", "gpu.memory", "gpu.nvlink",
+                   "gpu.fabric", "nvswitch.sxid", "network.infiniband", "gpu.pcie", "gpu.thermal")
+
+
+def step_health(ctx: dict[str, Any], r: Runner) -> dict[str, Any]:
+    host = host_for(ctx, "tune")
+    t = r.gpu_tune("check", "-o", "json", timeout=60, host=host)
+    doc = t["json"]
+    if t["rc"] not in (0, 1) or not isinstance(doc, dict):
+        return {"status": "failed", "reason": f"gpu-tune check: {why(t)}: {tail(t['stderr'], 3)}",
+                "data": {"command": cmd_summary(t)}}
+    checks = {c["name"]: c for c in doc.get("checks") or []}
+    false_alarms = [f"{n}: {c['detail']}" for n, c in checks.items()
+                    if n in HARDWARE_CHECKS and not c["ok"] and c.get("severity") == "fatal"]
+    warnings = [f"{n}: {c['detail']}" for n, c in checks.items() if not c["ok"] and c.get("severity") == "warning"]
+    # the GPU backend's own health readings: what the H100 fixture should hold (docs/health.md)
+    back = host["args"][host["args"].index("--gpu-backend") + 1]
+    fix = host["fixture"] or ""
+    rd = r.run([sys.executable, "-c", READINGS, back, fix], timeout=60, label="the GPU backend's health readings")
+    try:
+        readings = json.loads(rd["stdout"])
+    except ValueError:
+        readings = {"error": tail(rd["stderr"], 3)}
+    listed = ", ".join(f"{n} {'ok' if c['ok'] else 'FAIL'}" for n, c in checks.items() if n in HARDWARE_CHECKS)
+    summary = (f"{len(checks)} checks ({listed}); kernel log: "
+               + ((checks.get("gpu.xid") or {}).get("detail", "-"))[:160]
+               + (f"; warnings: {'; '.join(w[:120] for w in warnings)}" if warnings else ""))
+    ok = not false_alarms
+    return {"status": "passed" if ok else "failed",
+            "reason": "" if ok else "a healthy host fails: " + "; ".join(f[:200] for f in false_alarms),
+            "summary": summary, "data": {"host": host["root"], "command": cmd_summary(t), "check": doc,
+                                         "readings": readings}}
 
 
 def step_tuning(ctx: dict[str, Any], r: Runner) -> dict[str, Any]:
@@ -950,7 +1008,7 @@ def step_torch(ctx: dict[str, Any], r: Runner) -> dict[str, Any]:
 
 
 STEP_FUNCS: dict[str, Callable[[dict[str, Any], Runner], dict[str, Any]]] = {
-    "environment": step_environment, "topology": step_topology, "tuning": step_tuning, "probe": step_probe,
+    "environment": step_environment, "topology": step_topology, "health": step_health, "tuning": step_tuning, "probe": step_probe,
     "fingerprint": step_fingerprint, "gain": step_gain, "serve": step_serve, "torch": step_torch,
 }
 
