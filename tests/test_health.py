@@ -592,3 +592,34 @@ def test_the_fleet_view_leads_with_the_most_urgent_check_and_names_warnings():
     assert row.warnings == ("gpu.inforom",)
     assert "gpu.present: GPU 1 (0000:19:00.0) is lost" in render_table(report) and "warnings: gpu.inforom" in \
         render_table(report)
+
+
+@pytest.mark.parametrize("expect, words", [
+    ("{gpus: -1}", "gpus"),
+    ("{ib_ports: [\"mlx5 0\"]}", "not an InfiniBand port"),
+    ("{ib_ports: true}", "boolean"),
+    ("{ib_rate_gbps: 0}", "ib_rate_gbps"),
+    ("{nvlinks: 18}", "nvlinks"),
+])
+def test_readiness_expect_is_checked(cli, host, tmp_path, expect, words):
+    d = tmp_path / "pol"
+    d.mkdir()
+    (d / "p.yaml").write_text(f"include: training.yaml\nreadiness:\n  expect: {expect}\n")
+    r = cli("check", "--root", str(host), "--policy-dir", str(d), "--profile", "p")
+    assert r.returncode == 2 and words in r.stderr and "p.yaml" in r.stderr, r.stderr
+
+
+def test_a_profile_overrides_the_models_expectations(host, tmp_path):
+    from gpu_tune.tune.profile import Profile
+
+    f = gpu_json(tmp_path, _link_down(0, range(6, 18)))  # 6 links up on every... GPU 0 only
+    backend = select_backend("fixture", str(f))
+    gpus = backend.gpus()
+    fewer = Profile(name="t", readiness={"expect": {"nvlink_active_per_gpu": 6, "gpus": 8}})
+    exp = expectations(fewer, load_baselines(), gpus)
+    assert (exp.gpus, exp.nvlink_active_per_gpu) == (8, 6) and "profile t readiness.expect" in exp.source
+    v = verdict(profile=fewer, audit={"settings": []}, gpus=gpus, probes=[{"gpu": "0", "passed": True}], expect=exp)
+    assert next(c for c in v.checks if c.name == "gpu.nvlink").ok
+    v = verdict(profile=fewer, audit={"settings": []}, gpus=gpus, probes=[{"gpu": "0", "passed": True}],
+                expect=expectations(load_profile("training"), load_baselines(), gpus))
+    assert v.reason() == "NvlinkDown" and "GPU 0: 6 of 18 NVLinks active" in v.message()

@@ -299,7 +299,7 @@ class ExpectPolicy(_Strict):
     ib_ports: int | list[str] | None = None
     ib_rate_gbps: float | None = Field(None, gt=0, le=100_000)
 
-    @field_validator("ib_ports")
+    @field_validator("ib_ports", mode="before")
     @classmethod
     def _ports(cls, v: Any) -> Any:
         if isinstance(v, bool):
@@ -308,7 +308,7 @@ class ExpectPolicy(_Strict):
             raise ValueError(f"{v} is out of range 0..256")
         if isinstance(v, list):
             for name in v:
-                if not IB_PORT_RE.fullmatch(name):
+                if not isinstance(name, str) or not IB_PORT_RE.fullmatch(name):
                     raise ValueError(f"{name!r} is not an InfiniBand port (expected mlx5_0 or mlx5_0/1)")
         return v
 
