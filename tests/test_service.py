@@ -150,7 +150,9 @@ def test_gpu_lost_while_serving():
     world.gpu_list = [h100(0), h100(1, error="Unknown Error", error_kind="lost")]
     snap = agent.run_pass()
     c = checks(snap)
-    assert c["gpu.0.healthy"].ok and not c["gpu.1.healthy"].ok and "lost" in c["gpu.1.healthy"].detail
+    present = c["gpu.present"]
+    assert not present.ok and dict(present.gpus) == {"0": True, "1": False} and "GPU 1" in present.detail
+    assert "lost" in present.detail and "GPU 0" not in present.detail
     r = client.get("/readiness")
     assert r.status_code == 503
     assert client.get("/healthz").status_code == 200

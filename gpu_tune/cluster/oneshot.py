@@ -44,14 +44,14 @@ def label_once(g: Any, *, profile: str, node: str | None, kubeconfig: str | None
     from gpu_tune.judge.checks.monitor import HealthMonitor
     from gpu_tune.judge.probe import load_baselines
 
+    probes = load_probe_results(fs, prof.name)  # bad input (a state file not ours) before anything is written
     infos = [GpuInfo.from_dict(d) for d in gpus]
+    expect = expectations(prof, load_baselines(g.policy_dir), infos, device_ids=device_ids(topo_doc))
     monitor = HealthMonitor(fs)
     try:
         host, history = monitor.read(infos, topo_doc)
     finally:
         monitor.close()
-    expect = expectations(prof, load_baselines(g.policy_dir), infos, device_ids=device_ids(topo_doc))
-    probes = load_probe_results(fs, prof.name)
     if probes is None:
         errors["probe"] = "no probe result yet: run `gpu-tune probe` (or the agent) first"
     name = node_name(node)
