@@ -620,6 +620,16 @@ def test_a_fatal_xid_in_a_fixture_hosts_kernel_log_holds_the_node_until_it_reboo
         _env(c, GPU_TUNE_ROOT=f"/host{FIXTURE_HOST}", GPU_TUNE_GPU_BACKEND="fixture",
              GPU_TUNE_GPU_FIXTURE=f"/host{E2E_DIR}/gpus-dgx.json", GPU_TUNE_POLICY_DIR=f"/host{pol}",
              GPU_TUNE_PROFILE="fixture-host")
+    # kustomize: the hardware condition is the agents' to write once the admission policy owns it
+    # (docs/health.md, "Node auto-repair"); the chart does this from hardwareCondition
+    vap = json.loads(kubectl(cluster, "get", "validatingadmissionpolicy", "gpu-tune-own-node", "-o", "json").stdout)
+    owned = next(v for v in vap["spec"]["variables"] if v["name"] == "ownedConditions")
+    owned["expression"] = "['GPUHostReady', 'AcceleratedHardwareReady']"
+    for key in ("resourceVersion", "uid", "creationTimestamp", "generation", "managedFields"):
+        vap["metadata"].pop(key, None)
+    vap.pop("status", None)
+    (cluster.tmp / "vap.json").write_text(json.dumps(vap))
+    kubectl(cluster, "replace", "-f", str(cluster.tmp / "vap.json"))
     try:
         t0 = time.monotonic()
         _replace_agent(cluster, fixture_host)
