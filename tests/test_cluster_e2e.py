@@ -652,8 +652,19 @@ def test_a_fatal_xid_in_a_fixture_hosts_kernel_log_holds_the_node_until_it_reboo
         (root / "dev/kmsg").write_text(hostgen.KMSG_BOOT)
         (root / "proc/sys/kernel/random/boot_id").write_text("3f1e2d3c-0000-4000-8000-00000000e2e0\n")
         t0 = time.monotonic()
-        cond = wait_for("GPUHostReady=True after the reboot", lambda: (c := condition(cluster)) and
-                        c["status"] == "True" and c, 4 * INTERVAL, cluster)
+        seen: list = []
+
+        def ready_again():
+            c = condition(cluster)
+            if c and c["status"] == "True":
+                return c
+            _, doc = agent_http("/readiness")
+            seen[:] = [c, [x for x in doc.get("checks", []) if not x["ok"]]]
+            return None
+        try:
+            cond = wait_for("GPUHostReady=True after the reboot", ready_again, 6 * INTERVAL, cluster)
+        except AssertionError as exc:
+            raise AssertionError(f"{str(exc)[:300]}\nthe condition and the failing checks last seen: {seen}") from None
         record_timing("fixture host: boot id changed to Ready (s)", time.monotonic() - t0)
         assert cond["reason"] == "AllChecksPassed", cond
         assert [e["reason"] for e in events(cluster)][-1] == "GPUHostReady"
