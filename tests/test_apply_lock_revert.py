@@ -289,3 +289,36 @@ def test_a_created_file_that_failed_leaves_no_folder_behind(make_host, monkeypat
     monkeypatch.setattr(HostFS, "write_file_atomic", real)
     ok, _ = engine.revert(Context(fs=HostFS(root), profile=None))
     assert ok and not (root / "etc/gpu-tune").exists() and snapshot_tree(root) == before
+
+
+# -- a journal names only what its family writes ----------------------------------------------
+def test_every_original_apply_records_names_a_file_its_family_writes(make_host, gpu_fixture, tmp_path):
+    """What a real apply journals on a GPU host (every writing family, ld.so.preload and a
+    created folder included) passes the check that refuses a journal naming anything else, and
+    revert restores it all; each declaration is what the knob writes, no more."""
+    from gpu_tune.gpu import select_backend
+    from gpu_tune.tune.knobs import KNOBS
+
+    root = make_host("link-degraded")
+    pol = tmp_path / "pol"
+    pol.mkdir()
+    (pol / "all.yaml").write_text("include: training.yaml\ngpu: {persistenced: ignore}\n"
+                                  "allocator: {ld_so_preload: true}\n")
+    backend = select_backend("fixture", str(gpu_fixture("link-degraded")))
+    before = {p: p.read_bytes() for p in (root / "proc/irq").glob("*/smp_affinity_list")}
+    engine.apply(engine.make_context(HostFS(root), load_profile("all", pol), backend))
+    entries = Journal(HostFS(root)).load().entries
+    assert {e["family"] for e in entries} == {"sysctl", "thp", "cpu", "cstates", "gpu", "irq", "allocator"}
+    assert any(e.get("created_dirs") == ["/etc/gpu-tune"] for e in entries)
+    assert any(e["path"] == "/etc/ld.so.preload" for e in entries if e["family"] == "allocator")
+    ok, rows = engine.revert(engine.make_context(HostFS(root), None, backend))
+    assert ok and rows
+    assert {p: p.read_bytes() for p in before} == before and not (root / "etc/gpu-tune").exists()
+    for knob in KNOBS:  # a knob that writes says what; one that only reads names nothing
+        assert bool(knob.writes) == (knob.writable and knob.family != "gpu"), knob.family
+
+
+def test_a_path_with_dotdot_is_no_file_here_not_an_error(make_host):
+    fs = HostFS(make_host("small-2cpu"))
+    assert not fs.exists("/proc/sys/../../etc") and not fs.is_dir("/proc/..")
+    assert not fs.is_kernel_file("/proc/sys/vm/../swappiness")

@@ -193,17 +193,18 @@ class HostFS:
 
     # -- reading ---------------------------------------------------------------------------
     def exists(self, host_path: str) -> bool:
+        """Whether ``host_path`` exists beneath the root; False for a path HostFS refuses (``..``)."""
         try:
             os.close(self._open(self._rel(host_path), O_PATH))
             return True
-        except OSError:
+        except (OSError, HostError):
             return False
 
     def is_dir(self, host_path: str) -> bool:
         try:
             os.close(self._open(self._rel(host_path), O_PATH | os.O_DIRECTORY))
             return True
-        except OSError:
+        except (OSError, HostError):
             return False
 
     def _read_file(self, host_path: str, limit: int) -> bytes:
@@ -275,10 +276,11 @@ class HostFS:
         return [int(n) for n in self.listdir("/proc") if n.isdigit()]
 
     def is_kernel_file(self, host_path: str) -> bool:
-        """True when the file lives on procfs/sysfs (a knob), False for a regular file."""
+        """True when the file lives on procfs/sysfs (a knob), False for a regular file (and for
+        a path HostFS refuses)."""
         try:
             fd = self._open(self._rel(host_path), O_PATH)
-        except OSError:
+        except (OSError, HostError):
             return False
         try:
             return _fs_magic(fd) in _KERNEL_FS_MAGIC

@@ -231,6 +231,8 @@ def clear_interrupted_writes(fs: HostFS, journal: Journal) -> list[str]:
     of those files is in flight. Returns the host paths removed."""
     paths = {JOURNAL}
     for e in journal.entries:
+        if e.get("family") not in BY_FAMILY:
+            continue  # a family this version does not know: its files are never touched here
         files = e.get("files") if isinstance(e.get("files"), list) else [e]
         paths.update(f["path"] for f in files if isinstance(f, dict) and isinstance(f.get("path"), str))
     removed: list[str] = []

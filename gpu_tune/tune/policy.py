@@ -52,13 +52,14 @@ def _decode_error(path: Path, exc: UnicodeDecodeError) -> InputError:
 
 def read_yaml(path: Path, what: str = "policy file") -> Any:
     """Read one YAML document as bad input should be read: a file that is not a regular file,
-    larger than :data:`MAX_FILE_BYTES`, not UTF-8, not YAML, with a key given twice, nested
+    larger than :data:`MAX_FILE_BYTES`, not UTF-8, not YAML, with a key given twice or a number
+    that reads as something else than it looks (``017``) or has too many digits, nested
     deeper than :data:`MAX_DEPTH` or too deep for the parser, or holding text that cannot be
     encoded, is one :class:`InputError` naming the file. Returns None for a file with no document."""
     import yaml
 
     from gpu_tune.host.files import read_local_file
-    from gpu_tune.strict import BadText, DuplicateKey, check_text, yaml_load
+    from gpu_tune.strict import BadNumber, BadText, DuplicateKey, check_text, yaml_load
 
     try:
         text = read_local_file(path, MAX_FILE_BYTES, what).decode("utf-8")
@@ -78,6 +79,8 @@ def read_yaml(path: Path, what: str = "policy file") -> Any:
         data = yaml_load(text)
     except DuplicateKey as exc:
         raise InputError(f"{path}:{exc.second}: {exc}: a key is given once") from None
+    except BadNumber as exc:
+        raise InputError(f"{path}:{exc.line}: {exc}") from None
     except yaml.YAMLError as exc:
         mark = getattr(exc, "problem_mark", None)
         where = f":{mark.line + 1}:{mark.column + 1}" if mark else ""
