@@ -451,17 +451,21 @@ class HostFS:
         """Remove what an interrupted :meth:`write_file_atomic` of ``host_path`` left beside it
         (``.<name>.<hex>``, a regular file): the caller holds the lock that serialises those
         writes. Returns the host paths removed."""
-        rel = self._rel(host_path)
-        parent, _, name = rel.rpartition("/")
+        parent, _, name = self._rel(host_path).rpartition("/")
+        return self.remove_temporaries_in("/" + parent, {name})
+
+    def remove_temporaries_in(self, host_dir: str, names: set[str]) -> list[str]:
+        """:meth:`remove_temporaries` for the files ``names`` of one folder, in one listing of it."""
+        parent = self._rel(host_dir)
         try:
-            dfd = self._dir_for_write("/" + parent, create=False, for_path=host_path)
+            dfd = self._dir_for_write("/" + parent, create=False, for_path=host_dir)
         except (FileNotFoundError, NotADirectoryError):
             return []
         removed = []
         try:
             for n in os.listdir(dfd):
                 m = _TEMP_RE.fullmatch(n)
-                if m is None or m.group("name") != name:
+                if m is None or m.group("name") not in names:
                     continue
                 try:
                     if stat.S_ISREG(os.stat(n, dir_fd=dfd, follow_symlinks=False).st_mode):
@@ -470,7 +474,7 @@ class HostFS:
                 except FileNotFoundError:
                     pass
         except OSError as exc:
-            raise self._error(host_path, exc, write=True) from None
+            raise self._error(host_dir, exc, write=True) from None
         finally:
             os.close(dfd)
         return removed
