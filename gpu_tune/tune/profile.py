@@ -285,7 +285,7 @@ class GainPolicy(_Strict):
     # minute on a GPU node, several on a small CPU host) on every agent start, and reverts the
     # profile for the untuned runs while it measures.
     measure_on_start: bool = False
-    # Rounds (None: 6, the fewest whose exact test can confirm a verdict; 8 per setting).
+    # Rounds (None: 6, the fewest whose sign-flip test can confirm a verdict; 8 per setting).
     pairs: int | None = Field(None, ge=1, le=50)
     # Also measure each setting family alone (gpu-tune gain --per-setting) and publish one series and
     # one summary verdict per family.
