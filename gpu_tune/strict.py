@@ -29,6 +29,16 @@ class DuplicateKey(ValueError):
         super().__init__(f"key {key!r} given twice{lines}")
 
 
+class BadNumber(ValueError):
+    """A YAML number that would be read as something other than it looks (``017``: octal 15;
+    ``1:30``: base 60, 90) or that cannot be read at all (more than :data:`MAX_INT_DIGITS`
+    digits); ``line`` is 1-based."""
+
+    def __init__(self, message: str, line: int) -> None:
+        self.line = line
+        super().__init__(message)
+
+
 class BadText(ValueError):
     """A string that cannot be encoded as UTF-8; ``where`` names it (``gpus[0].name``)."""
 
@@ -41,6 +51,14 @@ class BadText(ValueError):
 # -- YAML -------------------------------------------------------------------------------------
 _LOADER: Any = None
 _MERGE_TAG = "tag:yaml.org,2002:merge"
+_INT_TAG = "tag:yaml.org,2002:int"
+# Python reads no decimal integer longer than this (``sys.get_int_max_str_digits()``'s default):
+# a longer one is refused by name instead of escaping as Python's ValueError.
+MAX_INT_DIGITS = 4300
+# YAML 1.1 reads ``017`` as octal 15 (``0o17`` is a string there): a leading zero on a number
+# that looks decimal is refused, not read as something else.
+_LEADING_ZERO = re.compile(r"[-+]?0[0-9_]+")
+_MAX_INT_BITS = 14_000  # 2**14000 has 4,215 decimal digits
 
 
 def _loader() -> Any:
@@ -79,13 +97,40 @@ def _loader() -> Any:
                 self._check_unique(node)
                 return super().construct_mapping(node, deep=deep)
 
+            def construct_yaml_int(self, node: Any) -> Any:
+                text = str(self.construct_scalar(node))
+                line = node.start_mark.line + 1
+                shown = text if len(text) <= 24 else f"{text[:12]}...{text[-4:]}"
+                body = text.lstrip("+-").replace("_", "")
+                if _LEADING_ZERO.fullmatch(text):
+                    as_octal = f" ({int(text.replace('_', ''), 8)})" if len(body) <= 24 and "8" not in body \
+                        and "9" not in body else ""
+                    raise BadNumber(f"{shown}: a leading zero makes YAML read an octal number{as_octal}; "
+                                    "write it without the zero, or quote it if it is text", line)
+                if ":" in text:
+                    raise BadNumber(f"{shown}: YAML reads numbers separated by ':' in base 60; "
+                                    "quote it if it is text", line)
+                if len(body) > MAX_INT_DIGITS and not body.startswith(("0x", "0b")):
+                    raise BadNumber(f"{shown}: a number of {len(body)} digits: more than the "
+                                    f"{MAX_INT_DIGITS} a number may have", line)
+                try:
+                    value = super().construct_yaml_int(node)
+                except ValueError:
+                    raise BadNumber(f"{shown}: not a number", line) from None
+                if value.bit_length() > _MAX_INT_BITS:  # 0x... or 0b...: as many decimal digits
+                    raise BadNumber(f"{shown}: a number of more than {MAX_INT_DIGITS} digits", line)
+                return value
+
+        UniqueKeyLoader.add_constructor(_INT_TAG, UniqueKeyLoader.construct_yaml_int)
         _LOADER = UniqueKeyLoader
     return _LOADER
 
 
 def yaml_load(text: str) -> Any:
     """One YAML document, as ``yaml.safe_load`` reads it, but a repeated key raises
-    :class:`DuplicateKey` (and parse errors raise ``yaml.YAMLError`` as usual)."""
+    :class:`DuplicateKey`, a number that reads as something else than it looks (``017``,
+    ``1:30``) or has too many digits :class:`BadNumber` (and parse errors raise
+    ``yaml.YAMLError`` as usual)."""
     import yaml
 
     return yaml.load(text, Loader=_loader())  # noqa: S506 - a SafeLoader subclass

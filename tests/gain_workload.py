@@ -54,7 +54,7 @@ def main() -> int:
             with open(log, encoding="utf-8") as fh:
                 n = sum(1 for _ in fh)
         with open(log, "a", encoding="utf-8") as fh:
-            fh.write(json.dumps({"swappiness": swappiness, "affinity": sorted(os.sched_getaffinity(0)),
+            fh.write(json.dumps({"pid": os.getpid(), "swappiness": swappiness, "affinity": sorted(os.sched_getaffinity(0)),
                                  "families": active_families(root),
                                  "ld_preload": os.environ.get("LD_PRELOAD", ""), "argv": sys.argv[1:]}) + "\n")
     time.sleep(float(os.environ.get("GAIN_TEST_SLEEP", "0")))

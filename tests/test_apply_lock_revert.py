@@ -6,6 +6,7 @@ from __future__ import annotations
 import errno
 import fcntl
 import json
+import os
 import threading
 import time
 
@@ -289,3 +290,93 @@ def test_a_created_file_that_failed_leaves_no_folder_behind(make_host, monkeypat
     monkeypatch.setattr(HostFS, "write_file_atomic", real)
     ok, _ = engine.revert(Context(fs=HostFS(root), profile=None))
     assert ok and not (root / "etc/gpu-tune").exists() and snapshot_tree(root) == before
+
+
+# -- a journal names only what its family writes ----------------------------------------------
+def test_every_original_apply_records_names_a_file_its_family_writes(make_host, gpu_fixture, tmp_path):
+    """What a real apply journals on a GPU host (every writing family, ld.so.preload and a
+    created folder included) passes the check that refuses a journal naming anything else, and
+    revert restores it all; each declaration is what the knob writes, no more."""
+    from gpu_tune.gpu import select_backend
+    from gpu_tune.tune.knobs import KNOBS
+
+    root = make_host("link-degraded")
+    pol = tmp_path / "pol"
+    pol.mkdir()
+    (pol / "all.yaml").write_text("include: training.yaml\ngpu: {persistenced: ignore}\n"
+                                  "allocator: {ld_so_preload: true}\n")
+    backend = select_backend("fixture", str(gpu_fixture("link-degraded")))
+    before = {p: p.read_bytes() for p in (root / "proc/irq").glob("*/smp_affinity_list")}
+    engine.apply(engine.make_context(HostFS(root), load_profile("all", pol), backend))
+    entries = Journal(HostFS(root)).load().entries
+    assert {e["family"] for e in entries} == {"sysctl", "thp", "cpu", "cstates", "gpu", "irq", "allocator"}
+    assert any(e.get("created_dirs") == ["/etc/gpu-tune"] for e in entries)
+    assert any(e["path"] == "/etc/ld.so.preload" for e in entries if e["family"] == "allocator")
+    ok, rows = engine.revert(engine.make_context(HostFS(root), None, backend))
+    assert ok and rows
+    assert {p: p.read_bytes() for p in before} == before and not (root / "etc/gpu-tune").exists()
+    for knob in KNOBS:  # a knob that writes says what; one that only reads names nothing
+        assert bool(knob.writes) == (knob.writable and knob.family != "gpu"), knob.family
+
+
+def test_a_path_with_dotdot_is_no_file_here_not_an_error(make_host):
+    fs = HostFS(make_host("small-2cpu"))
+    assert not fs.exists("/proc/sys/../../etc") and not fs.is_dir("/proc/..")
+    assert not fs.is_kernel_file("/proc/sys/vm/../swappiness")
+
+
+# -- a large journal: work in proportion to it, a table of bounded size ---------------------------
+def _many_sysctl_originals(root, n: int, restorable: int) -> None:
+    """``n`` sysctl entries (original 60), the first ``restorable`` of them over a file that holds 1."""
+    vm = root / "proc/sys/vm"
+    entries = []
+    for i in range(n):
+        if i < restorable:
+            (vm / f"many_{i}").write_text("1\n")
+        entries.append({"id": f"sysctl.vm.many_{i}", "target": "host", "family": "sysctl",
+                        "path": f"/proc/sys/vm/many_{i}", "value": "60", "raw": "NjAK", "seq": i + 1})
+    (root / JOURNAL.lstrip("/")).parent.mkdir(parents=True, exist_ok=True)
+    (root / JOURNAL.lstrip("/")).write_text(json.dumps({"format": 1, "entries": entries}))
+
+
+def test_revert_of_thousands_prints_a_bounded_table_and_json_lists_every_row(make_host, monkeypatch, capsys):
+    """3,000 originals: the table shows those that need attention first and counts the rest
+    under it (a 100,000-entry journal once took a minute and a gigabyte to print); -o json has
+    every row."""
+    from gpu_tune.views.settings import MAX_TABLE_GROUPS
+
+    monkeypatch.setenv("COLUMNS", "200")
+    root = make_host("small-2cpu")
+    _many_sysctl_originals(root, 3000, restorable=2990)  # 10 of them have no file: not restored
+    with pytest.raises(SystemExit) as exc:
+        cli.main(["--root", str(root), "--gpu-backend", "none", "revert"])
+    out = capsys.readouterr().out
+    assert exc.value.code == 1
+    lines = out.splitlines()
+    assert len(lines) < MAX_TABLE_GROUPS + 20, len(lines)
+    assert "2,800 more rows not shown (2,800 ok); -o json lists every row" in out
+    assert sum("not restored" in ln for ln in lines) == 10  # every failure is shown
+    assert (root / "proc/sys/vm/many_0").read_text() == "60\n"
+    assert [e["id"] for e in Journal(HostFS(root)).load().entries] == [f"sysctl.vm.many_{i}" for i in range(2990, 3000)]
+    with pytest.raises(SystemExit):
+        cli.main(["--root", str(root), "--gpu-backend", "none", "-o", "json", "revert"])
+    assert len(json.loads(capsys.readouterr().out)["settings"]) == 10
+
+
+def test_interrupted_writes_are_looked_for_once_per_folder(make_host, monkeypatch):
+    """The temporary files beside journalled files are found with one listing of each folder,
+    not one per file (2,000 entries in one folder were 2,000 listings of it)."""
+    root = make_host("small-2cpu")
+    _many_sysctl_originals(root, 2000, restorable=2000)
+    (root / "proc/sys/vm/.many_7.0123456789ab").write_text("half")  # an apply killed before its rename
+    listed: list[str] = []
+    real = os.listdir
+
+    def listdir(path="."):
+        listed.append(path)
+        return real(path)
+
+    monkeypatch.setattr(os, "listdir", listdir)
+    removed = engine.clear_interrupted_writes(HostFS(root), Journal(HostFS(root)).load())
+    assert removed == ["/proc/sys/vm/.many_7.0123456789ab"]
+    assert len(listed) == 2  # /proc/sys/vm and /var/lib/gpu-tune

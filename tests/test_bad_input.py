@@ -86,6 +86,12 @@ class World:
         j.write_text(doc if isinstance(doc, str) else json.dumps(doc))
         return ["--policy-dir", str(self.pol), "--gpu-backend", "none"]
 
+    def host_file(self, host_path: str, text: str) -> None:
+        """Plant a file on the host tree (before the digest is taken)."""
+        p = self.root / host_path.lstrip("/")
+        p.parent.mkdir(parents=True, exist_ok=True)
+        p.write_text(text)
+
     def digest(self) -> str:
         return tree_digest(self.root, self.pol, self.fixture)
 
@@ -192,6 +198,36 @@ CASES: list[Case] = [
     ("malloc-conf-newline", "apply", lambda w: w.profile('name: x\nallocator: {malloc_conf: "background_thread:true\\n"}\n'),
      ("allocator.malloc_conf",)),
     ("profile-name-newline", "apply", lambda w: w.profile('name: "x\\n"\n'), ("name",)),
+    # YAML numbers that read as something else, or cannot be read at all
+    ("yaml-int-5000-digits", "apply", lambda w: w.profile("name: x\nsysctl:\n  vm.foo: " + "9" * 5000 + "\n"),
+     ("x.yaml:3", "5000 digits")),
+    ("yaml-key-5000-digits", "audit", lambda w: w.profile("name: x\n? " + "1" * 5000 + "\n: 1\n"), ("x.yaml:2", "digits")),
+    ("yaml-hex-20000-bits", "apply", lambda w: w.profile("name: x\nsysctl: {vm.foo: 0x" + "f" * 5000 + "}\n"),
+     ("x.yaml:2", "digits")),
+    ("sysctl-leading-zero-quoted", "apply", lambda w: w.profile("name: x\nsysctl: {net.ipv4.tcp_rmem: '4096 087380 6291456'}\n"),
+     ("net.ipv4.tcp_rmem", "087380", "octal")),
+    ("include-int-5000-digits", "apply", lambda w: ((w.pol / "_y.yaml").write_text("summary: " + "7" * 4301 + "\n"),
+                                                    w.profile("name: x\ninclude: _y.yaml\n"))[1],
+     ("_y.yaml:1", "4301 digits")),
+    ("baselines-int-5000-digits", "probe", lambda w: ((w.pol / "baselines.yaml").write_text(
+        "cpu:\n  train_images_per_second: " + "1" * 5000 + "\n"),
+        ["--policy-dir", str(w.pol), "--gpu-backend", "none", "--device", "cpu", "--timeout", "5"])[1],
+     ("baselines.yaml:2", "digits")),
+    ("sysctl-leading-zero", "apply", lambda w: w.profile("name: x\nsysctl:\n  vm.swappiness: 017\n"),
+     ("x.yaml:3", "017", "leading zero", "octal")),
+    ("sysctl-leading-zero-negative", "apply", lambda w: w.profile("name: x\nsysctl: {vm.foo: -010}\n"),
+     ("x.yaml:2", "-010", "leading zero")),
+    ("sysctl-leading-zero-bound", "apply", lambda w: w.profile("name: x\nsysctl: {vm.swappiness: {max: 0100}}\n"),
+     ("0100", "leading zero")),
+    ("sysctl-sexagesimal", "apply", lambda w: w.profile("name: x\nsysctl:\n  vm.swappiness: 1:30\n"),
+     ("x.yaml:3", "1:30", "base 60")),
+    ("baselines-leading-zero", "probe", lambda w: ((w.pol / "baselines.yaml").write_text(
+        "cpu: {train_images_per_second: 0100}\n"),
+        ["--policy-dir", str(w.pol), "--gpu-backend", "none", "--device", "cpu", "--timeout", "5"])[1],
+     ("baselines.yaml:1", "0100", "leading zero")),
+    ("allocator-env-file-outside-its-folder", "apply",
+     lambda w: w.profile("name: x\nallocator: {preload: jemalloc, env_file: /etc/profile.d/x.sh}\n"),
+     ("allocator.env_file", "/etc/gpu-tune/")),
     ("baselines-not-utf8", "probe", lambda w: ((w.pol / "baselines.yaml").write_bytes(b"gpus: \xff\n"),
                                                ["--policy-dir", str(w.pol), "--gpu-backend", "none", "--device", "cpu",
                                                 "--timeout", "5"])[1], ("baselines.yaml", "not UTF-8")),
@@ -293,6 +329,43 @@ CASES: list[Case] = [
                                                    str(w.tmp / "no-kubeconfig")])[3],
      ("probe.json:3 under", "'results' given twice (lines 2 and 3)")),
     ("journal-missing-family", "apply", lambda w: w.journal({"entries": [{"id": "a", "target": "b"}]}), ("family",)),
+    # a journal names only what its family writes: nothing else is believed, nothing is touched
+    ("journal-path-dotdot", "revert", lambda w: w.journal({"entries": [entry(path="/proc/sys/../../etc/passwd")]}),
+     ("journal.json", "entry 0", "'..'")),
+    ("journal-path-dotdot-apply", "apply", lambda w: w.journal({"entries": [entry(path="/proc/sys/vm/../../../etc/x")]}),
+     ("journal.json", "entry 0", "'..'")),
+    ("journal-sysctl-writes-etc-passwd", "revert", lambda w: (w.host_file("/etc/passwd", "root:x:0:0::/root:/bin/bash\n"),
+        w.journal({"entries": [entry(), entry(target="t2", seq=2, path="/etc/passwd",
+                                              raw="cm9vdDp4OjA6MDo6L3Jvb3Q6L2Jpbi9zaAo=")]}))[1],
+     ("journal.json", "entry 1", "sysctl.vm.swappiness[t2]", "/etc/passwd", "/proc/sys/")),
+    ("journal-sysctl-writes-etc-passwd-apply", "apply", lambda w: w.journal({"entries": [entry(path="/etc/passwd")]}),
+     ("entry 0", "/etc/passwd")),
+    ("journal-allocator-removes-etc", "revert", lambda w: w.journal({"entries": [
+        {"id": "allocator.preload", "target": "host", "family": "allocator", "path": "/etc/gpu-tune/allocator.env",
+         "value": "absent", "raw": None, "absent": True, "created_dirs": ["/etc"], "seq": 1}]}),
+     ("entry 0", "created_dirs", "'/etc'")),
+    ("journal-allocator-deletes-a-file", "revert", lambda w: (w.host_file("/etc/hostname", "node-1\n"), w.journal(
+        {"entries": [{"id": "allocator.preload", "target": "host", "family": "allocator", "path": "/etc/hostname",
+                      "value": "absent", "raw": None, "absent": True, "created_dirs": [], "seq": 1}]}))[1],
+     ("entry 0", "/etc/hostname", "allocator")),
+    ("journal-irq-writes-sysctl", "revert", lambda w: w.journal({"entries": [
+        entry(id="irq.affinity", target="120", family="irq", path="/proc/sys/vm/swappiness")]}),
+     ("entry 0", "irq", "/proc/sys/vm/swappiness")),
+    ("journal-cstates-file-elsewhere", "revert", lambda w: w.journal({"entries": [
+        {"id": "cpu.cstates", "target": "cpu0", "family": "cstates", "value": "C6",
+         "files": [{"path": "/etc/shadow", "value": "0", "raw": "MAo="}], "seq": 1}]}),
+     ("entry 0", "files", "/etc/shadow")),
+    ("journal-gpu-names-a-path", "revert", lambda w: w.journal({"entries": [
+        {"id": "gpu.persistence_mode", "target": "0", "family": "gpu", "index": 0, "value": "off",
+         "path": "/etc/passwd", "seq": 1}]}),
+     ("entry 0", "gpu", "/etc/passwd")),
+    ("journal-read-only-family", "revert", lambda w: w.journal({"entries": [
+        {"id": "limits.memlock", "target": "containerd", "family": "limits", "value": "8388608",
+         "path": "/proc/1/limits", "seq": 1}]}),
+     ("entry 0", "limits")),
+    ("journal-sysctl-without-path", "revert", lambda w: w.journal({"entries": [
+        {"id": "sysctl.vm.swappiness", "target": "host", "family": "sysctl", "value": "60", "seq": 1}]}),
+     ("entry 0", "path")),
     # roots and flags
     ("root-a-file", "apply", lambda w: ["--root", str(w.root / "proc/cmdline"), "--gpu-backend", "none"], ("not a directory",)),
     ("root-missing", "apply", lambda w: ["--root", str(w.tmp / "nope"), "--gpu-backend", "none"], ("no such directory",)),

@@ -8,7 +8,9 @@ import zlib
 
 import pytest
 
+from gpu_tune.judge.gain.measure import TUNED, UNTUNED, schedule
 from gpu_tune.judge.gain.stats import (
+    EXACT_UP_TO,
     GAIN,
     INCONCLUSIVE,
     LOSS,
@@ -115,6 +117,26 @@ def test_t_quantiles_at_any_level():
     assert bonferroni(1) == 0.95 and bonferroni(5) == pytest.approx(0.99)
 
 
+def test_the_reason_says_which_sign_flip_test_ran():
+    """Up to 16 pairs every sign pattern is counted: an exact test. Beyond, a sample of them:
+    the reason says so, never "exact" (--pairs goes up to 50)."""
+    u, t = paired(1.10, 12, 0.01, seed=11)
+    r = compare("images_per_second", u, t)
+    assert r.verdict == GAIN and "exact sign-flip test p=" in r.reason and r.test == "exact sign-flip"
+    assert r.as_dict()["test"] == "exact sign-flip"
+    for n, verdict in ((EXACT_UP_TO + 1, GAIN), (50, GAIN)):
+        u, t = paired(1.10, n, 0.01, seed=12)
+        r = compare("images_per_second", u, t)
+        assert r.verdict == verdict and "exact" not in r.reason, r.reason
+        assert "sign-flip test on 20,000 random sign patterns p=" in r.reason
+        assert r.test == r.as_dict()["test"] == "sign-flip, 20,000 random sign patterns"
+    u, t = paired(0.85, 20, 0.01, seed=13)
+    r = compare("images_per_second", u, t)
+    assert r.verdict == LOSS and "exact" not in r.reason and "20,000 random sign patterns" in r.reason
+    u, t = paired(0.85, 5, 0.01, seed=7)  # not confirmed: says by which test
+    assert "the exact sign-flip test does not confirm it" in compare("images_per_second", u, t).reason
+
+
 def test_the_exact_test_counts_sign_patterns():
     assert sign_flip_p([1.0, 2.0, 3.0]) == (1.0, 0.125)  # all 8 patterns: only the observed one is this high
     assert sign_flip_p([-0.1] * 6) == (1 / 64, 1.0)
@@ -130,7 +152,7 @@ def test_few_pairs_that_all_agree_are_not_enough_to_call_a_loss():
     u, t = paired(0.85, 5, 0.01, seed=7)
     r = compare("images_per_second", u, t)
     assert r.upper < 1.0 and r.verdict == INCONCLUSIVE
-    assert "exact test does not confirm" in r.reason and "at least 6 pairs" in r.reason
+    assert "exact sign-flip test does not confirm" in r.reason and "at least 6 pairs" in r.reason
     assert compare("images_per_second", *paired(0.85, 6, 0.01, seed=7)).verdict == LOSS
 
 
@@ -147,38 +169,48 @@ def _noise(kind: str, rng: random.Random) -> float:
 
 
 def aa_experiment(n: int, kind: str, load: str, seed: int) -> tuple[list[float], list[float]]:
-    """n A/A pairs in the A/B, B/A order; ``load`` shapes the level both runs of a moment share:
-    ``steady``, ``drift`` (the node gets 5 % slower per pair), ``bursts`` (a neighbour's job comes
-    and goes: half-speed stretches of a few runs) or ``hogs`` (every CPU busy: half speed, more
-    noise)."""
+    """n A/A pairs run in the order ``gpu-tune gain`` runs them (:func:`schedule`, each round's
+    order drawn at random from a seed of its own per experiment); ``load`` shapes the level the
+    runs of a moment share: ``steady``, ``drift`` (the node gets 5 % slower per pair), ``bursts``
+    (a neighbour's job comes and goes: half-speed stretches of a few runs), ``hogs`` (every CPU
+    busy: half speed, more noise) or ``periodic`` (every fourth run 15 % slower: a timer, a
+    neighbour's job with the period of the old fixed A B, B A order, which fell on one arm every
+    time)."""
     rng = random.Random(seed)
     level, burst = 1.0, 0
-    a, b = [], []
-    for i in range(n):
-        runs = []
-        for _ in range(2):
-            if load == "drift":
-                level *= 0.975
-            elif load == "bursts":
-                if burst == 0 and rng.random() < 0.3:
-                    burst = rng.randint(1, 4)
-                level = 0.5 if burst else 1.0
-                burst = max(0, burst - 1)
-            scale = 0.5 if load == "hogs" else 1.0
-            noise = _noise(kind, rng) * (2.0 if load == "hogs" else 1.0)
-            runs.append(1000 * level * scale * math.exp(noise))
-        first, second = runs
-        if i % 2 == 0:
-            a.append(first)
-            b.append(second)
-        else:
-            b.append(first)
-            a.append(second)
+    a: list[float] = [0.0] * n
+    b: list[float] = [0.0] * n
+    for k, (pair, arm) in enumerate(schedule([UNTUNED, TUNED], n, rng.getrandbits(32))):
+        if load == "drift" and k:
+            level *= 0.975
+        elif load == "bursts":
+            if burst == 0 and rng.random() < 0.3:
+                burst = rng.randint(1, 4)
+            level = 0.5 if burst else 1.0
+            burst = max(0, burst - 1)
+        elif load == "periodic":
+            level = 0.85 if k % 4 == 1 else 1.0
+        scale = 0.5 if load == "hogs" else 1.0
+        noise = _noise(kind, rng) * (2.0 if load == "hogs" else 1.0)
+        (a if arm == UNTUNED else b)[pair] = 1000 * level * scale * math.exp(noise)
     return a, b
 
 
+def test_the_aa_model_runs_the_order_gain_runs():
+    """The experiments below take their run order from gpu-tune gain's own schedule: each pair
+    once per round, in either order, both orders about equally often."""
+    first = {UNTUNED: 0, TUNED: 0}
+    for s in range(200):
+        order = schedule([UNTUNED, TUNED], 6, s)
+        assert sorted(order) == sorted((p, arm) for p in range(6) for arm in (UNTUNED, TUNED))
+        for i in range(0, 12, 2):
+            assert order[i][0] == order[i + 1][0]
+            first[order[i][1]] += 1
+    assert 500 < first[UNTUNED] < 700 and first[UNTUNED] + first[TUNED] == 1200
+
+
 @pytest.mark.parametrize("kind", ["normal", "heavy", "skewed"])
-@pytest.mark.parametrize("load", ["steady", "drift", "bursts", "hogs"])
+@pytest.mark.parametrize("load", ["steady", "drift", "bursts", "hogs", "periodic"])
 @pytest.mark.parametrize("n", [3, 6, 12])
 def test_aa_false_loss_rate_stays_within_what_the_interval_promises(kind, load, n):
     """Both sides identical: over 400 experiments per shape, a LOSS (or a gain) is said at most at

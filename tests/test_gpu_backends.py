@@ -347,3 +347,50 @@ def test_fixture_value_types_are_checked_when_loading(tmp_path, key, value, need
     with pytest.raises(InputError) as ei:
         FixtureBackend(f)
     assert f"gpus[0].{key}" in str(ei.value) and needle in str(ei.value) and str(f) in str(ei.value)
+
+
+def test_a_write_killed_midway_leaves_a_temporary_file_the_next_load_removes(gpu_fixture, tmp_path):
+    """SIGKILL while the fixture backend writes persistence mode back (after its temp file is
+    made, before the rename): the file is intact, and the temp file it left is removed by the next
+    load of that fixture. A temp file of a writer still running is left alone, and so is anything
+    that only looks like one of another file's."""
+    import os
+    import signal
+    import subprocess
+
+    fx = gpu_fixture("dgx-8gpu")
+    before = fx.read_bytes()
+    child = subprocess.Popen([sys.executable, "-c", (
+        "import os, sys, time\n"
+        "from gpu_tune.gpu.fixture import FixtureBackend\n"
+        "def stall(fd):\n"
+        "    print('writing', flush=True); time.sleep(120)\n"
+        "os.fsync = stall\n"
+        f"FixtureBackend({str(fx)!r}).set_persistence_mode(0, True)\n")],
+        stdout=subprocess.PIPE, text=True, env={**os.environ, "PYTHONPATH": str(Path(__file__).resolve().parents[1])})
+    try:
+        assert child.stdout.readline().strip() == "writing"
+    finally:
+        child.send_signal(signal.SIGKILL)
+        child.wait(30)
+    left = [p.name for p in fx.parent.iterdir() if p.name.startswith(f".{fx.name}.")]
+    assert len(left) == 1, left  # the case is real: the kill left the temp file
+    assert fx.read_bytes() == before
+    sleeper = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(60)"])
+    try:
+        live = fx.parent / f".{fx.name}.{sleeper.pid}-0123abcd"  # a write in flight in another process
+        live.write_text("{")
+        other = fx.parent / f".other.json.{child.pid}-0123abcd"
+        other.write_text("{")
+        assert FixtureBackend(fx).gpus()[0].persistence_mode is False
+        names = sorted(p.name for p in fx.parent.iterdir() if p.name.startswith("."))
+        assert names == sorted([live.name, other.name]), names
+        # and a write of that fixture removes a temp file a killed writer left, too
+        backend = FixtureBackend(fx)
+        (fx.parent / f".{fx.name}.{child.pid}-89abcdef").write_text("{")
+        backend.set_persistence_mode(1, True)
+        assert sorted(p.name for p in fx.parent.iterdir() if p.name.startswith(f".{fx.name}.")) == [live.name]
+        assert json.loads(fx.read_text())["gpus"][1]["persistence_mode"] is True
+    finally:
+        sleeper.kill()
+        sleeper.wait()

@@ -20,7 +20,7 @@ from gpu_tune.tune.profile import Profile
 from gpu_tune.tune.policy import load_profile
 from gpu_tune.launch.runner import Binding, bind_prefix, binding_for, workload_env
 from gpu_tune.discover.topology import discover
-from tests.fixtures import pcigen
+from tests.fixtures import hostgen, pcigen
 
 REPO = Path(__file__).resolve().parents[1]
 JEMALLOC = "/usr/lib/x86_64-linux-gnu/libjemalloc.so.2"
@@ -191,3 +191,36 @@ def test_run_exit_codes_follow_env_for_a_missing_command(make_host, cli):
     assert p.returncode == 126 and "not executable" in p.stderr
     p = cli("run", "--root", str(root), "--numa-node", "0", "--", "sh", "-c", "exit 7")
     assert p.returncode == 7  # CMD's own exit code
+
+
+def test_a_callers_malloc_conf_is_merged_with_the_profiles_and_said(monkeypatch):
+    """The caller's MALLOC_CONF is not dropped for the profile's: the two are merged, option by
+    option, the caller's value winning where both set one, and each option it overrides is
+    said in a warning."""
+    monkeypatch.setattr(runner, "find_local_jemalloc", lambda *a: "/usr/lib/x86_64-linux-gnu/libjemalloc.so.2")
+    p = load_profile("training")  # background_thread:true,dirty_decay_ms:10000,muzzy_decay_ms:30000
+    b = Binding(0, frozenset({0}), None, None)
+    env = workload_env(b, p, {"MALLOC_CONF": "narenas:8,dirty_decay_ms:0"})
+    assert env["MALLOC_CONF"] == "background_thread:true,dirty_decay_ms:0,muzzy_decay_ms:30000,narenas:8"
+    assert env.warnings == ("MALLOC_CONF: dirty_decay_ms:0 from the environment is kept over the profile's "
+                            "dirty_decay_ms:10000 (the other options are merged)",)
+    # options it only adds are merged without a word; the same value is no override
+    env = workload_env(b, p, {"MALLOC_CONF": "narenas:8,background_thread:true"})
+    assert env["MALLOC_CONF"] == f"{p.allocator.malloc_conf},narenas:8" and env.warnings == ()
+    assert workload_env(b, p, {"MALLOC_CONF": ""})["MALLOC_CONF"] == p.allocator.malloc_conf
+    # a profile without malloc_conf leaves the caller's as it is
+    plain = Profile(name="x", allocator={"preload": "jemalloc"})
+    assert workload_env(b, plain, {"MALLOC_CONF": "narenas:2"})["MALLOC_CONF"] == "narenas:2"
+
+
+def test_gpu_tune_run_says_which_malloc_conf_options_of_the_caller_it_keeps(tmp_path):
+    root = hostgen.build("small-2cpu", tmp_path / "h")
+    env = {**os.environ, "PYTHONPATH": str(REPO), "MALLOC_CONF": "dirty_decay_ms:5"}
+    proc = subprocess.run([sys.executable, "-m", "gpu_tune", "run", "--root", str(root), "--numa-node", "0", "--",
+                           sys.executable, "-c", "import os; print(os.environ.get('MALLOC_CONF'))"],
+                          capture_output=True, text=True, env=env, timeout=60)
+    assert proc.returncode == 0, proc.stderr
+    assert os.path.exists(JEMALLOC), "libjemalloc2 is one of the test tools (make tools)"
+    assert proc.stdout.strip() == "background_thread:true,dirty_decay_ms:5,muzzy_decay_ms:30000"
+    assert "MALLOC_CONF: dirty_decay_ms:5 from the environment is kept over the profile's dirty_decay_ms:10000" \
+        in proc.stderr

@@ -180,3 +180,45 @@ def test_this_vm_irq_apply_revert_round_trip_on_a_copy(tmp_path):
     ok, restored = revert(Context(fs=HostFS(root), profile=None))
     assert ok and restored
     assert snapshot_tree(root) == before
+
+
+def test_a_huge_proc_interrupts_costs_memory_for_the_lines_kept_not_the_file(make_host):
+    """600,000 lines (7 MB) of IRQs no device has after the real ones: discovery keeps the lines
+    of the virtio NIC and reads the rest piece by piece (the whole text, its lines and an object
+    per line once took 430 MB for 4.5 million lines). A line the NIC's own IRQs end up in last
+    is still found."""
+    import tracemalloc
+
+    root = make_host("vm-virtio")
+    path = root / "proc/interrupts"
+    with open(path, "a", encoding="ascii") as fh:
+        fh.write("".join(f"{1000 + i}: 0 X\n" for i in range(600_000)))
+        fh.write(" 44:   7   9  PCI-MSIX-0000:00:03.0  4-edge  virtio2-input.1")  # no newline at the end
+    assert path.stat().st_size > 7_000_000
+    fs = HostFS(root)
+    tracemalloc.start()
+    try:
+        topo = discover(fs, None)
+        _, peak = tracemalloc.get_traced_memory()
+    finally:
+        tracemalloc.stop()
+    assert topo.nics[0].irqs == (37, 38, 39, 44)
+    assert peak < 3_000_000, peak  # bytes: a few 64 KiB pieces, never the file
+
+
+def test_reading_lines_keeps_what_is_asked_and_refuses_what_is_too_large(make_host):
+    from gpu_tune.errors import NotAFile
+
+    root = make_host("vm-virtio")
+    fs = HostFS(root)
+    (root / "etc/many").write_text("".join(f"line {i}\n" for i in range(100_000)) + "last")
+    assert fs.read_lines("/etc/many", lambda n, line: n % 25_000 == 0 or line == "last", limit=2 << 20) == \
+        ["line 0", "line 25000", "line 50000", "line 75000", "last"]
+    with pytest.raises(NotAFile, match="larger than 64 KiB"):
+        fs.read_lines("/etc/many", lambda n, line: False, limit=65536)
+    (root / "etc/long").write_text("x" * 300_000 + "\n")
+    with pytest.raises(NotAFile, match="a line longer than 128 KiB"):
+        fs.read_lines("/etc/long", lambda n, line: True, line_limit=128 << 10)
+    os.mkfifo(root / "etc/fifo")
+    with pytest.raises(NotAFile, match="FIFO"):
+        fs.read_lines("/etc/fifo", lambda n, line: True)

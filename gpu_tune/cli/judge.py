@@ -59,7 +59,7 @@ def probe_cmd(
 
 @command("gain", help="Measure what the profile gains (or loses) here: the probe's launch-bound regime untuned vs "
                        "tuned (or each setting family, or untuned vs untuned), pairs in a random order, intervals confirmed "
-                       "by an exact test. Exit 0 gain or no difference, 1 loss or inconclusive.")
+                       "by a sign-flip test. Exit 0 gain or no difference, 1 loss or inconclusive.")
 def gain_cmd(
     g: Globals,
     profile: ProfileOpt = "training",

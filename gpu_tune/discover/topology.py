@@ -376,12 +376,24 @@ def _driver_versions(backend: Any, warnings: list[str]) -> tuple[str | None, str
 
 def _with_virtio_irqs(fs: "HostFS", nics: list[PciDevice], warnings: list[str]) -> list[PciDevice]:
     """Add the IRQs ``/proc/interrupts`` names after each virtio NIC's virtio device (read only
-    when there is one: on a big node the file is megabytes)."""
-    text = fs.read_optional("/proc/interrupts", limit=TABLE_READ_CAP)
-    if text is None:
+    when there is one: on a big node the file is megabytes). Read line by line, keeping only the
+    lines that name one of those devices: memory for what is kept, not for what is read."""
+    devices = sorted({n.virtio for n in nics if n.virtio})
+
+    def keep(number: int, line: str) -> bool:
+        return number == 0 or any(d in line for d in devices)  # the header, and the devices' lines
+
+    try:
+        kept = fs.read_lines("/proc/interrupts", keep, limit=TABLE_READ_CAP)
+    except NotAFile as exc:
+        warnings.append(str(exc))
+        kept = None
+    except HostError:
+        kept = None
+    if kept is None:
         warnings.append("/proc/interrupts: unreadable; virtio NICs list only their msi_irqs")
         return nics
-    lines = parse_interrupts(text)
+    lines = parse_interrupts(kept)
     out = []
     for n in nics:
         if n.virtio:

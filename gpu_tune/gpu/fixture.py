@@ -8,7 +8,8 @@ per-GPU keys beyond the contract's: ``"lost": true`` (the GPU answers "GPU is lo
 the GPU has no MIG).
 
 Persistence mode set through this backend is written back into the same file crash-safely
-(temp file, fsync, rename, fsync of the folder), so a later run sees it as on real hardware.
+(temp file, fsync, rename, fsync of the folder), so a later run sees it as on real hardware; a
+temp file that a killed write left is removed by the next load or write of the file.
 """
 
 from __future__ import annotations
@@ -206,10 +207,14 @@ class FixtureBackend:
 
     # -- loading --------------------------------------------------------------------------------
     def _load(self) -> dict[str, Any]:
-        from gpu_tune.host.files import read_local_file
+        from gpu_tune.host.files import read_local_file, remove_stale_temporaries
         from gpu_tune.strict import BadText, DuplicateKey, check_text, json_loads
 
         p = self.path
+        try:  # what a write killed before its rename left beside the file
+            remove_stale_temporaries(p)
+        except OSError:
+            pass  # a folder that cannot be listed: the read below says what is wrong, if anything
         try:
             text = read_local_file(p, MAX_FILE_BYTES, "GPU fixture").decode("utf-8")
         except FileNotFoundError:

@@ -8,8 +8,8 @@ from __future__ import annotations
 
 import errno
 import os
+import re
 import stat
-import tempfile
 from pathlib import Path
 
 # What one read of a host file may return, in bytes. One-value kernel files hold a few bytes
@@ -83,15 +83,62 @@ def os_reason(exc: OSError) -> str:
     return f"{text} ({code})" if code else text
 
 
+# The temporary file of an atomic_write: ``.<name>.<pid>-<8 hex digits>`` beside ``<name>``, named
+# by the writing process, so that the one a killed writer left can be told from one in flight.
+_TEMP_RE = re.compile(r"\.(?P<name>.+)\.(?P<pid>[0-9]+)-[0-9a-f]{8}")
+
+
+def _running(pid: int) -> bool:
+    """Whether a process ``pid`` runs (in this PID namespace: the writers of one fixture file)."""
+    if pid == os.getpid():
+        return True  # this process's own write, from another thread
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:  # another user's process
+        return True
+    return True
+
+
+def remove_stale_temporaries(path: Path) -> list[Path]:
+    """Remove the temporary files an :func:`atomic_write` of ``path`` left beside it when its
+    process was killed before the rename (SIGKILL, the OOM killer): those of a process that is no
+    longer running. One of a writer still running is left alone. Returns what was removed;
+    raises OSError only for a folder that cannot be listed."""
+    removed = []
+    for entry in os.scandir(path.parent):
+        m = _TEMP_RE.fullmatch(entry.name)
+        if m is None or m.group("name") != path.name or _running(int(m.group("pid"))):
+            continue
+        try:
+            if entry.is_file(follow_symlinks=False):
+                os.unlink(entry.path)
+                removed.append(Path(entry.path))
+        except FileNotFoundError:
+            pass
+    return removed
+
+
 def atomic_write(path: Path, data: bytes, mode: int = 0o644) -> None:
     """Replace ``path`` crash-safely: a temp file beside it, fsync, rename over, fsync the folder.
 
     For files this process owns (a GPU fixture file), not for host files: those go through
     :meth:`HostFS.write_file_atomic`. A crash at any point leaves either the old file or the new
-    one, never a torn one. Raises OSError.
+    one, never a torn one; what a killed write left beside it is removed first
+    (:func:`remove_stale_temporaries`). Raises OSError.
     """
     path.parent.mkdir(parents=True, exist_ok=True)
-    fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", dir=path.parent)
+    remove_stale_temporaries(path)
+    for _ in range(100):
+        tmp = str(path.parent / f".{path.name}.{os.getpid()}-{os.urandom(4).hex()}")
+        try:
+            fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW | os.O_CLOEXEC, 0o600)
+            break
+        except FileExistsError:
+            continue
+    else:  # pragma: no cover
+        raise OSError(errno.EEXIST, "no free temporary name", str(path))
     try:
         with os.fdopen(fd, "wb") as fh:
             fh.write(data)

@@ -36,6 +36,7 @@ import os
 import re
 import stat
 from pathlib import Path
+from typing import Callable
 
 from gpu_tune.errors import HostError, InputError, NotAFile
 from gpu_tune.host.files import O_READ, O_WRITE, READ_CAP, file_kind, os_reason, read_capped, size_text
@@ -193,20 +194,23 @@ class HostFS:
 
     # -- reading ---------------------------------------------------------------------------
     def exists(self, host_path: str) -> bool:
+        """Whether ``host_path`` exists beneath the root; False for a path HostFS refuses (``..``)."""
         try:
             os.close(self._open(self._rel(host_path), O_PATH))
             return True
-        except OSError:
+        except (OSError, HostError):
             return False
 
     def is_dir(self, host_path: str) -> bool:
         try:
             os.close(self._open(self._rel(host_path), O_PATH | os.O_DIRECTORY))
             return True
-        except OSError:
+        except (OSError, HostError):
             return False
 
-    def _read_file(self, host_path: str, limit: int) -> bytes:
+    def _open_regular(self, host_path: str, limit: int) -> int:
+        """A read descriptor of a regular file (the caller closes it); refused as :meth:`read_bytes`
+        says, a file that says it holds more than ``limit`` bytes included."""
         rel = self._rel(host_path)
         try:
             fd = self._open(rel, O_READ)
@@ -223,11 +227,61 @@ class HostFS:
             if kind is not None:
                 raise NotAFile(f"{host_path}: is {kind}, not a file: not read", errno.EINVAL)
             # a regular file on an ordinary filesystem says its size; a kernel file does not
-            data = None if st.st_size > limit and _fs_magic(fd) not in _KERNEL_FS_MAGIC else read_capped(fd, limit)
+            if st.st_size > limit and _fs_magic(fd) not in _KERNEL_FS_MAGIC:
+                raise NotAFile(f"{host_path}: larger than {size_text(limit)}, too large for this file: not read",
+                               errno.EFBIG)
+            return fd
+        except BaseException as exc:
+            os.close(fd)
+            if isinstance(exc, OSError) and not isinstance(exc, HostError):
+                raise self._error(host_path, exc) from None
+            raise
+
+    def _read_file(self, host_path: str, limit: int) -> bytes:
+        fd = self._open_regular(host_path, limit)
+        try:
+            data = read_capped(fd, limit)
             if data is None:
                 raise NotAFile(f"{host_path}: larger than {size_text(limit)}, too large for this file: not read",
                                errno.EFBIG)
             return data
+        except OSError as exc:
+            raise self._error(host_path, exc) from None
+        finally:
+            os.close(fd)
+
+    def read_lines(self, host_path: str, keep: Callable[[int, str], bool], *, limit: int = READ_CAP,
+                   line_limit: int = READ_CAP) -> list[str]:
+        """The lines of a file (text, without their newline) for which ``keep(number, line)`` is
+        true, numbered from 0; read in 64 KiB pieces, so what this costs in memory is the lines
+        kept and one piece, not the file (a 59 MiB ``/proc/interrupts`` is 4.5 million lines).
+        At most ``limit`` bytes in all and ``line_limit`` per line, else :class:`NotAFile` as
+        :meth:`read_bytes` says; other failures are :class:`HostError` naming the path."""
+        fd = self._open_regular(host_path, limit)
+        kept: list[str] = []
+        try:
+            total, number, rest = 0, 0, b""
+            while True:
+                chunk = os.read(fd, 65536)
+                total += len(chunk)
+                if total > limit:
+                    raise NotAFile(f"{host_path}: larger than {size_text(limit)}, too large for this file: not read",
+                                   errno.EFBIG)
+                if not chunk:
+                    if rest:
+                        line = rest.decode("utf-8", "replace")
+                        if keep(number, line):
+                            kept.append(line)
+                    return kept
+                pieces = (rest + chunk).split(b"\n")
+                rest = pieces.pop()
+                if len(rest) > line_limit:
+                    raise NotAFile(f"{host_path}: a line longer than {size_text(line_limit)}: not read", errno.EFBIG)
+                for raw in pieces:
+                    line = raw.decode("utf-8", "replace")
+                    if keep(number, line):
+                        kept.append(line)
+                    number += 1
         except OSError as exc:
             raise self._error(host_path, exc) from None
         finally:
@@ -297,10 +351,11 @@ class HostFS:
         return [int(n) for n in self.listdir("/proc") if n.isdigit()]
 
     def is_kernel_file(self, host_path: str) -> bool:
-        """True when the file lives on procfs/sysfs (a knob), False for a regular file."""
+        """True when the file lives on procfs/sysfs (a knob), False for a regular file (and for
+        a path HostFS refuses)."""
         try:
             fd = self._open(self._rel(host_path), O_PATH)
-        except OSError:
+        except (OSError, HostError):
             return False
         try:
             return _fs_magic(fd) in _KERNEL_FS_MAGIC
@@ -471,17 +526,21 @@ class HostFS:
         """Remove what an interrupted :meth:`write_file_atomic` of ``host_path`` left beside it
         (``.<name>.<hex>``, a regular file): the caller holds the lock that serialises those
         writes. Returns the host paths removed."""
-        rel = self._rel(host_path)
-        parent, _, name = rel.rpartition("/")
+        parent, _, name = self._rel(host_path).rpartition("/")
+        return self.remove_temporaries_in("/" + parent, {name})
+
+    def remove_temporaries_in(self, host_dir: str, names: set[str]) -> list[str]:
+        """:meth:`remove_temporaries` for the files ``names`` of one folder, in one listing of it."""
+        parent = self._rel(host_dir)
         try:
-            dfd = self._dir_for_write("/" + parent, create=False, for_path=host_path)
+            dfd = self._dir_for_write("/" + parent, create=False, for_path=host_dir)
         except (FileNotFoundError, NotADirectoryError):
             return []
         removed = []
         try:
             for n in os.listdir(dfd):
                 m = _TEMP_RE.fullmatch(n)
-                if m is None or m.group("name") != name:
+                if m is None or m.group("name") not in names:
                     continue
                 try:
                     if stat.S_ISREG(os.stat(n, dir_fd=dfd, follow_symlinks=False).st_mode):
@@ -490,7 +549,7 @@ class HostFS:
                 except FileNotFoundError:
                     pass
         except OSError as exc:
-            raise self._error(host_path, exc, write=True) from None
+            raise self._error(host_dir, exc, write=True) from None
         finally:
             os.close(dfd)
         return removed

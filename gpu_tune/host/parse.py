@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import re
 from dataclasses import dataclass
+from typing import Iterable
 
 
 class ParseError(ValueError):
@@ -174,18 +175,21 @@ class IrqLine:
     names: tuple[str, ...] = ()
 
 
-def parse_interrupts(text: str) -> dict[str, IrqLine]:
-    """Parse /proc/interrupts (any number of CPU columns) into {irq: IrqLine}.
+def parse_interrupts(text: str | Iterable[str]) -> dict[str, IrqLine]:
+    """Parse /proc/interrupts (any number of CPU columns) into {irq: IrqLine}: the whole text,
+    or its lines (the header first; a caller may leave out the lines it does not want, as
+    :meth:`gpu_tune.host.fs.HostFS.read_lines` does while reading).
 
     Only the first line's column count is used to split counts from the description, so a
     224-column file costs one split per line.
     """
-    lines = text.splitlines()
-    if not lines:
+    lines = iter(text.splitlines() if isinstance(text, str) else text)
+    header = next(lines, None)
+    if header is None:
         return {}
-    ncols = len(lines[0].split())
+    ncols = len(header.split())
     out: dict[str, IrqLine] = {}
-    for line in lines[1:]:
+    for line in lines:
         fields = line.split()
         if not fields or not fields[0].endswith(":"):
             continue

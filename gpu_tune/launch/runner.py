@@ -129,8 +129,36 @@ def find_local_jemalloc(dirs: tuple[str, ...] = LOCAL_LIB_DIRS) -> LocalPath | N
     return None
 
 
+def _malloc_options(conf: str) -> dict[str, str]:
+    """``key:value,key:value`` -> {key: value}, in order (a piece without ``:`` is kept whole)."""
+    out: dict[str, str] = {}
+    for piece in conf.split(","):
+        piece = piece.strip()
+        if piece:
+            key, sep, value = piece.partition(":")
+            out[key] = f"{sep}{value}"
+    return out
+
+
+def merge_malloc_conf(profile_conf: str, callers: str) -> tuple[str, list[str]]:
+    """The profile's ``MALLOC_CONF`` with the caller's own merged in, option by option: the
+    caller's value wins where both set an option (it asked for it for this job), its other
+    options are added. Returns the merged string and a warning per option of the profile's that
+    the caller's replaced."""
+    merged = _malloc_options(profile_conf)
+    warnings = []
+    for key, value in _malloc_options(callers).items():
+        if key in merged and merged[key] != value:
+            warnings.append(f"MALLOC_CONF: {key}{value} from the environment is kept over the profile's "
+                            f"{key}{merged[key]} (the other options are merged)")
+        merged[key] = value
+    return ",".join(f"{k}{v}" for k, v in merged.items()), warnings
+
+
 def workload_env(binding: Binding, profile: "Profile", base_env: Mapping[str, str]) -> EnvResult:
-    """The environment for the bound workload: GPU visibility and the allocator preload."""
+    """The environment for the bound workload: GPU visibility and the allocator preload
+    (``MALLOC_CONF``: the profile's, with the caller's own options merged in:
+    :func:`merge_malloc_conf`)."""
     env = EnvResult(base_env)
     warnings: list[str] = list(binding.warnings)
     if binding.gpu_index is not None:
@@ -146,7 +174,8 @@ def workload_env(binding: Binding, profile: "Profile", base_env: Mapping[str, st
                 existing.insert(0, lib)
             env["LD_PRELOAD"] = ":".join(existing)
             if alloc.malloc_conf:
-                env["MALLOC_CONF"] = alloc.malloc_conf
+                env["MALLOC_CONF"], said = merge_malloc_conf(alloc.malloc_conf, env.get("MALLOC_CONF", ""))
+                warnings += said
     env.warnings = tuple(warnings)
     return env
 

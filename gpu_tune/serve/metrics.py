@@ -105,7 +105,7 @@ FAMILIES: dict[str, tuple[str, tuple[str, ...]]] = {
                                    "jitter_p99_over_p50: below 1 is a gain)", ("gpu", "regime", "measure")),
     "gpu_tune_tuning_gain_verdict": ("1 for the images/s verdict of gpu-tune gain measured at the agent's start: "
                                      "gain, loss, no significant difference or inconclusive (a loss is confirmed "
-                                     "by the exact test, not only by the interval)", ("gpu", "verdict")),
+                                     "by the sign-flip test, not only by the interval)", ("gpu", "verdict")),
     "gpu_tune_tuning_gain_family_ratio": ("Images/s ratio of one setting family alone on top of untuned against "
                                           "untuned (gpu-tune gain --per-setting at the agent's start, profile "
                                           "gain.per_setting; the worst GPU), labelled with the family's verdict",

@@ -192,8 +192,7 @@ def _apply_locked(ctx: Context, knobs: Sequence[Knob], only: Collection[tuple[st
             if k in recorded and knob.unchanged(ctx, recorded[k]):
                 never_written.append(k)
         if never_written:
-            for sid, target in never_written:
-                journal.remove(sid, target)
+            journal.remove_all(never_written)
             try:
                 journal.save()
             except HostError as exc:  # the entries stay; revert finds them unchanged and skips them
@@ -231,16 +230,27 @@ def clear_interrupted_writes(fs: HostFS, journal: Journal) -> list[str]:
     of those files is in flight. Returns the host paths removed."""
     paths = {JOURNAL}
     for e in journal.entries:
+        if e.get("family") not in BY_FAMILY:
+            continue  # a family this version does not know: its files are never touched here
         files = e.get("files") if isinstance(e.get("files"), list) else [e]
         paths.update(f["path"] for f in files if isinstance(f, dict) and isinstance(f.get("path"), str))
-    removed: list[str] = []
+    # one listing per folder, however many of its files the journal names
+    folders: dict[str, set[str]] = {}
+    kernel: dict[str, bool] = {}  # per folder: a kernel file's folder holds kernel files only
     for path in sorted(paths):
-        if path != JOURNAL and fs.is_kernel_file(path):
-            continue  # written in place: no temporary file
+        parent, _, name = path.rpartition("/")
+        if path != JOURNAL:
+            if parent not in kernel:
+                kernel[parent] = fs.is_kernel_file(path)
+            if kernel[parent]:
+                continue  # written in place: no temporary file
+        folders.setdefault(parent or "/", set()).add(name)
+    removed: list[str] = []
+    for folder, names in folders.items():
         try:
-            removed += fs.remove_temporaries(path)
+            removed += fs.remove_temporaries_in(folder, names)
         except HostError as exc:
-            log.warning("cannot clear what an interrupted write left beside %s: %s", path, exc)
+            log.warning("cannot clear what an interrupted write left in %s: %s", folder, exc)
     if removed:
         log.info("removed what interrupted writes left: %s", ", ".join(removed))
     return removed
@@ -265,7 +275,7 @@ def revert(ctx: Context, *, lock_timeout: float | None = None) -> tuple[bool, tu
             return False, (Setting("journal", "-", None, "", "error", f"nothing restored: {exc}", JOURNAL),)
         journal = Journal(ctx.fs).load()
         clear_interrupted_writes(ctx.fs, journal)
-        dirty = False
+        done: list[tuple[str, str]] = []  # restored or in place: dropped from the journal at the end
         for entry in journal.newest_first():
             sid, target = entry["id"], entry["target"]
             original = entry.get("value")
@@ -275,8 +285,7 @@ def revert(ctx: Context, *, lock_timeout: float | None = None) -> tuple[bool, tu
                                     f"no knob {entry.get('family')!r} in this version; entry kept"))
                 continue
             if knob.unchanged(ctx, entry):
-                journal.remove(sid, target)
-                dirty = True
+                done.append((sid, target))
                 rows.append(Setting(sid, target, str(original), str(original), "ok",
                                     "the original is in place: nothing to write", entry.get("path"),
                                     changed=False))
@@ -291,17 +300,16 @@ def revert(ctx: Context, *, lock_timeout: float | None = None) -> tuple[bool, tu
                 rows.append(Setting(sid, target, current, str(original), "error", f"not restored: {exc}",
                                     entry.get("path")))
                 continue
-            journal.remove(sid, target)
-            dirty = True
+            done.append((sid, target))
             rows.append(Setting(sid, target, current, str(original), "ok", "restored", entry.get("path"),
                                 changed=True))
-        if dirty:
+        if done:
+            journal.remove_all(done)
             try:
                 journal.save()
             except HostError as exc:
-                done = sum(1 for r in rows if r.status == "ok")
                 rows.append(Setting("journal", "-", None, "", "error",
                                     f"cannot update the journal: {exc}; it keeps all "
-                                    f"{len(journal.entries) + done} originals for the next revert", JOURNAL))
+                                    f"{len(journal.entries) + len(done)} originals for the next revert", JOURNAL))
     ok = all(r.status == "ok" for r in rows)
     return ok, tuple(rows)

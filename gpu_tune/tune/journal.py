@@ -17,10 +17,11 @@ import os
 import time
 from contextlib import contextmanager
 from datetime import datetime, timezone
-from typing import Any, Iterator
+from typing import Any, Iterable, Iterator
 
 from gpu_tune.errors import HostError, InputError, LockBusy
 from gpu_tune.host.fs import HostFS, NotAFile
+from gpu_tune.tune.knobs.base import clean_path
 
 STATE_DIR = "/var/lib/gpu-tune"
 JOURNAL = f"{STATE_DIR}/journal.json"
@@ -42,7 +43,7 @@ MAX_SEQ = 2**63 - 1
 
 
 def _is_path(v: Any) -> bool:
-    return isinstance(v, str) and v.startswith("/") and "\0" not in v
+    return clean_path(v)
 
 
 def _is_raw(v: Any) -> bool:
@@ -68,21 +69,32 @@ def _check_entry(e: Any) -> str:
         ("index", lambda v: isinstance(v, int) and not isinstance(v, bool) and 0 <= v <= 1023, "an integer 0..1023"),
         ("ncpus", lambda v: v is None or (isinstance(v, int) and not isinstance(v, bool) and 1 <= v <= 8192),
          "an integer 1..8192"),
-        ("path", lambda v: v is None or _is_path(v), "an absolute path"),
+        ("path", lambda v: v is None or _is_path(v), "an absolute path without '.', '..' or '//'"),
         ("raw", _is_raw, "base64 text"),
         ("value", lambda v: isinstance(v, _SCALAR), "a string or a number"),
         ("uuid", lambda v: v is None or isinstance(v, str), "a string"),
         ("absent", lambda v: isinstance(v, bool), "true or false"),
-        ("created_dirs", lambda v: isinstance(v, list) and all(_is_path(d) for d in v), "a list of paths"),
+        ("created_dirs", lambda v: isinstance(v, list) and all(_is_path(d) for d in v),
+         "a list of absolute paths without '.', '..' or '//'"),
         ("files", lambda v: isinstance(v, list) and all(
             isinstance(f, dict) and _is_path(f.get("path"))
             and isinstance(f.get("value", "0"), _SCALAR) and _is_raw(f.get("raw"))
-            for f in v), "a list of {path, value, raw} objects"),
+            for f in v), "a list of {path, value, raw} objects, each path absolute without '.', '..' or '//'"),
     )
     for key, ok, want in checks:
         if key in e and not ok(e[key]):
             return f"{key}: expected {want}, got {e[key]!r}"[:160]
     return ""
+
+
+def _foreign(entry: dict[str, Any]) -> str:
+    """What in a well-formed entry its family would never write ('' when nothing), by the knob's
+    own declaration (:attr:`gpu_tune.tune.knobs.base.Knob.writes`). An entry of a family this
+    version does not know is kept and never written (revert reports it)."""
+    from gpu_tune.tune.knobs import BY_FAMILY
+
+    knob = BY_FAMILY.get(entry["family"])
+    return "" if knob is None else knob.entry_problem(entry)
 
 
 def _now() -> str:
@@ -94,6 +106,7 @@ class Journal:
         self.fs = fs
         self.entries: list[dict[str, Any]] = []
         self._seq = 0
+        self._keys: set[tuple[str, str]] = set()
 
     @staticmethod
     def key(entry_or_id: Any, target: str | None = None) -> tuple[str, str]:
@@ -105,6 +118,7 @@ class Journal:
         if not self.fs.exists(JOURNAL):
             self.entries = []
             self._seq = 0
+            self._keys = set()
             return self
         where = f"{JOURNAL} under {self.fs.root}"
         try:
@@ -126,6 +140,12 @@ class Journal:
                 problem = _check_entry(e)
                 if problem:
                     raise ValueError(f"entry {n}: {problem}")
+            for n, e in enumerate(entries):
+                problem = _foreign(e)
+                if problem:
+                    raise JournalError(f"{where}: refused: entry {n} ({e['id']}[{e['target']}]): {problem}; "
+                                       "nothing was changed: a journal names only what gpu-tune writes "
+                                       "(fix or move the file by hand)"[:900])
         except DuplicateKey as exc:
             raise JournalError(f"{JOURNAL}:{exc.second} under {self.fs.root}: unreadable journal ({exc}); "
                                "originals kept in it are not lost: fix or move the file by hand") from None
@@ -137,10 +157,11 @@ class Journal:
                                "in it are not lost: fix or move the file by hand") from None
         self.entries = entries
         self._seq = max((int(e.get("seq", 0)) for e in entries), default=0)
+        self._keys = {(e["id"], e["target"]) for e in entries}
         return self
 
     def has(self, sid: str, target: str) -> bool:
-        return any(e["id"] == sid and e["target"] == target for e in self.entries)
+        return (sid, target) in self._keys
 
     def add(self, entry: dict[str, Any]) -> bool:
         """Add an original unless one is already recorded for (id, target). Not yet on disk."""
@@ -148,10 +169,19 @@ class Journal:
             return False
         self._seq += 1
         self.entries.append({**entry, "seq": self._seq, "recorded_at": _now()})
+        self._keys.add((entry["id"], entry["target"]))
         return True
 
     def remove(self, sid: str, target: str) -> None:
-        self.entries = [e for e in self.entries if not (e["id"] == sid and e["target"] == target)]
+        self.remove_all([(sid, target)])
+
+    def remove_all(self, keys: Iterable[tuple[str, str]]) -> None:
+        """Drop the entries of these (id, target) keys: one pass, however many (a revert of
+        100,000 originals removes them all at once, not one scan each)."""
+        gone = set(keys) & self._keys
+        if gone:
+            self.entries = [e for e in self.entries if (e["id"], e["target"]) not in gone]
+            self._keys -= gone
 
     def save(self) -> None:
         doc = {"format": FORMAT, "entries": self.entries}

@@ -52,13 +52,14 @@ def _decode_error(path: Path, exc: UnicodeDecodeError) -> InputError:
 
 def read_yaml(path: Path, what: str = "policy file") -> Any:
     """Read one YAML document as bad input should be read: a file that is not a regular file,
-    larger than :data:`MAX_FILE_BYTES`, not UTF-8, not YAML, with a key given twice, nested
+    larger than :data:`MAX_FILE_BYTES`, not UTF-8, not YAML, with a key given twice or a number
+    that reads as something else than it looks (``017``) or has too many digits, nested
     deeper than :data:`MAX_DEPTH` or too deep for the parser, or holding text that cannot be
     encoded, is one :class:`InputError` naming the file. Returns None for a file with no document."""
     import yaml
 
     from gpu_tune.host.files import read_local_file
-    from gpu_tune.strict import BadText, DuplicateKey, check_text, yaml_load
+    from gpu_tune.strict import BadNumber, BadText, DuplicateKey, check_text, yaml_load
 
     try:
         text = read_local_file(path, MAX_FILE_BYTES, what).decode("utf-8")
@@ -78,6 +79,8 @@ def read_yaml(path: Path, what: str = "policy file") -> Any:
         data = yaml_load(text)
     except DuplicateKey as exc:
         raise InputError(f"{path}:{exc.second}: {exc}: a key is given once") from None
+    except BadNumber as exc:
+        raise InputError(f"{path}:{exc.line}: {exc}") from None
     except yaml.YAMLError as exc:
         mark = getattr(exc, "problem_mark", None)
         where = f":{mark.line + 1}:{mark.column + 1}" if mark else ""
@@ -118,13 +121,29 @@ def _merge(base: dict[str, Any], over: dict[str, Any]) -> dict[str, Any]:
     return out
 
 
+class _Parsed:
+    """The policy files read in one run (``gpu-tune profiles``, or the agent loading every
+    profile), each parsed once: 10,000 profiles that include ``training.yaml`` parse it once,
+    not 10,000 times. What it hands out is a fresh top-level mapping (callers pop ``include``);
+    nested values are shared and never changed in place (:func:`_merge` builds new mappings)."""
+
+    def __init__(self) -> None:
+        self._data: dict[Path, dict[str, Any]] = {}
+
+    def load(self, path: Path) -> dict[str, Any]:
+        if path not in self._data:
+            self._data[path] = _yaml_load(path)
+        return dict(self._data[path])
+
+
 class _Includes:
     """One profile's include graph, each file read and resolved once (a file included along many
     paths is merged from the one result: linear in the number of files), and bounded: at most
     :data:`MAX_INCLUDE_FILES` files and :data:`MAX_INCLUDE_EDGES` includes."""
 
-    def __init__(self, policy_dir: Path) -> None:
+    def __init__(self, policy_dir: Path, parsed: _Parsed | None = None) -> None:
         self.policy_dir = policy_dir
+        self.parsed = parsed or _Parsed()
         self.done: dict[Path, dict[str, Any]] = {}
         self.files = 0
         self.edges = 0
@@ -139,7 +158,7 @@ class _Includes:
         if self.files > MAX_INCLUDE_FILES:
             raise InputError(f"{stack[0] if stack else path}: includes more than {MAX_INCLUDE_FILES} files: "
                              "too large to be a profile")
-        data = _yaml_load(path)
+        data = self.parsed.load(path)
         inc = data.pop("include", None)
         if inc is None:
             includes: list[Any] = []
@@ -164,8 +183,9 @@ class _Includes:
         return out
 
 
-def _resolve(path: Path, policy_dir: Path, stack: tuple[Path, ...] = ()) -> dict[str, Any]:
-    return dict(_Includes(policy_dir).resolve(path, stack))
+def _resolve(path: Path, policy_dir: Path, stack: tuple[Path, ...] = (),
+             parsed: _Parsed | None = None) -> dict[str, Any]:
+    return dict(_Includes(policy_dir, parsed).resolve(path, stack))
 
 
 def _check_include_name(path: Path, name: Any, policy_dir: Path) -> None:
@@ -219,7 +239,10 @@ def check_name(name: str) -> None:
         raise InputError(f"profile {name!r}: names are lower-case letters, digits, '-' and '_' (no '/' or '..')")
 
 
-def load_profile(name: str, policy_dir: str | os.PathLike[str] | None = None) -> Profile:
+def load_profile(name: str, policy_dir: str | os.PathLike[str] | None = None, *,
+                 _parsed: _Parsed | None = None) -> Profile:
+    """The profile ``name`` of ``policy_dir`` (default: :func:`default_policy_dir`), its
+    includes merged and every value checked; :class:`InputError` naming the file otherwise."""
     check_name(name)
     pdir = Path(policy_dir) if policy_dir else default_policy_dir()
     if not pdir.is_dir():
@@ -232,7 +255,7 @@ def load_profile(name: str, policy_dir: str | os.PathLike[str] | None = None) ->
     if name.startswith("_") or name in NOT_PROFILES or not is_file:
         known = ", ".join(list_profile_names(pdir)) or "none"
         raise InputError(f"unknown profile {name!r} in {pdir} (known: {known})")
-    data = _resolve(path, pdir, ())
+    data = _resolve(path, pdir, (), _parsed)
     data.setdefault("name", name)
     if data["name"] != name:
         raise InputError(f"{path}: name: {data['name']!r} does not match the file name {name!r}")
@@ -257,4 +280,5 @@ def load_all(policy_dir: str | os.PathLike[str] | None = None) -> list[Profile]:
     pdir = Path(policy_dir) if policy_dir else default_policy_dir()
     if not pdir.is_dir():
         raise InputError(f"--policy-dir {pdir}: no such directory")
-    return [load_profile(n, policy_dir) for n in list_profile_names(policy_dir)]
+    parsed = _Parsed()  # an included file shared by many profiles is parsed once
+    return [load_profile(n, policy_dir, _parsed=parsed) for n in list_profile_names(policy_dir)]

@@ -38,6 +38,9 @@ SYSCTL_RANGES: dict[str, tuple[int, int]] = {
     "kernel.watchdog": (0, 1),
 }
 
+# A number the kernel's sysctl parser (base 0) would read as octal: ``017`` is 15.
+_LEADING_ZERO_WORD = re.compile(r"[-+]?0[0-9]+")
+
 # RLIM_INFINITY as the kernel keeps it: the value of "unlimited" in a limit bound.
 UNLIMITED = 2**64 - 1
 _SIZE_RE = re.compile(r"([0-9]+)\s*([kmgt]?)(i?b)?", re.IGNORECASE)
@@ -218,8 +221,13 @@ class AllocatorPolicy(_Strict):
     @field_validator("env_file")
     @classmethod
     def _abs(cls, v: str) -> str:
-        if not v.startswith("/") or ".." in v.split("/") or "\0" in v or "\n" in v:
-            raise ValueError(f"must be an absolute host path without '..': {v!r}")
+        from gpu_tune.tune.knobs.allocator import ENV_DIR, AllocatorKnob
+        from gpu_tune.tune.knobs.base import clean_path
+
+        if not clean_path(v) or "\n" in v:
+            raise ValueError(f"must be an absolute host path without '.' or '..': {v[:200]!r}")
+        if v == "/etc/ld.so.preload" or AllocatorKnob().path_problem("env_file", v):
+            raise ValueError(f"{v[:200]!r}: the allocator's file lies in {ENV_DIR}/ (gpu-tune's own folder on the host)")
         return v
 
 
@@ -277,7 +285,7 @@ class GainPolicy(_Strict):
     # minute on a GPU node, several on a small CPU host) on every agent start, and reverts the
     # profile for the untuned runs while it measures.
     measure_on_start: bool = False
-    # Rounds (None: 6, the fewest whose exact test can confirm a verdict; 8 per setting).
+    # Rounds (None: 6, the fewest whose sign-flip test can confirm a verdict; 8 per setting).
     pairs: int | None = Field(None, ge=1, le=50)
     # Also measure each setting family alone (gpu-tune gain --per-setting) and publish one series and
     # one summary verdict per family.
@@ -366,6 +374,11 @@ class Profile(_Strict):
                 raise ValueError(f"{key}: {value!r}: write a bound as {{min: N}} or {{max: N}}")
             if isinstance(value, str) and any(c in value for c in "\n\r\0"):
                 raise ValueError(f"{key}: {value!r}: a sysctl value is one line")
+            zero = next((w for w in str(value).split() if _LEADING_ZERO_WORD.fullmatch(w)), None) \
+                if isinstance(value, str) else None
+            if zero is not None:
+                raise ValueError(f"{key}: {zero!r}: a leading zero makes the kernel read an octal number; "
+                                 "write it without the zero")
             if isinstance(value, int) and not SYSCTL_INT_MIN <= value <= SYSCTL_INT_MAX:
                 raise ValueError(f"{key}: {value} does not fit in 64 bits")
             if lo is not None and hi is not None:

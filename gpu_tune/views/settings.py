@@ -18,6 +18,9 @@ STATUS_STYLE = {
 }
 
 _NUM_TARGET = re.compile(r"^([a-z]*)(\d+)$")
+# A table shows at most this many lines (groups of rows); the rest are counted under it. A
+# journal of 100,000 originals would otherwise be rendered whole, in memory, before a line shows.
+MAX_TABLE_GROUPS = 200
 
 
 def compress_targets(targets: list[str]) -> str:
@@ -60,11 +63,33 @@ def group_rows(rows: Iterable[Setting]) -> list[tuple[Setting, list[str]]]:
     return list(groups.values())
 
 
-def settings_table(title: str, rows: Iterable[Setting], *, show_changed: bool = False):
+def _shown(groups: list[tuple[Setting, list[str]]], limit: int) -> tuple[list[tuple[Setting, list[str]]], str]:
+    """At most ``limit`` groups, those that need attention (not ``ok``) first, each kind in its
+    order; and what was left out, counted by status, in words ('' when nothing was)."""
+    if len(groups) <= limit:
+        return groups, ""
+    keep = sorted(range(len(groups)), key=lambda i: (groups[i][0].status == "ok", i))[:limit]
+    kept = set(keep)
+    left: dict[str, int] = {}
+    for i, (row, targets) in enumerate(groups):
+        if i not in kept:
+            left[row.status] = left.get(row.status, 0) + len(targets)
+    shown = [groups[i] for i in sorted(keep)]
+    counts = ", ".join(f"{n:,} {s}" for s, n in sorted(left.items(), key=lambda kv: -kv[1]))
+    return shown, (f"{sum(left.values()):,} more rows not shown ({counts}); "
+                   "-o json lists every row")
+
+
+def settings_table(title: str, rows: Iterable[Setting], *, show_changed: bool = False,
+                   limit: int = MAX_TABLE_GROUPS):
+    """The rows as one table, grouped; at most ``limit`` lines (those not ``ok`` first), the
+    rest counted in the caption."""
     from rich.table import Table
     from rich.text import Text
 
-    table = Table(title=markup_safe(title, one_line=True), title_justify="left", header_style="bold", expand=False)
+    groups, left_out = _shown(group_rows(rows), limit)
+    table = Table(title=markup_safe(title, one_line=True), title_justify="left", header_style="bold", expand=False,
+                  caption=left_out or None, caption_justify="left")
     table.add_column("setting", no_wrap=True)
     table.add_column("target", overflow="fold", max_width=28)
     table.add_column("current → desired", overflow="fold")
@@ -72,7 +97,7 @@ def settings_table(title: str, rows: Iterable[Setting], *, show_changed: bool = 
     if show_changed:
         table.add_column("changed", no_wrap=True)
     table.add_column("detail", overflow="fold", max_width=60)
-    for row, targets in group_rows(rows):
+    for row, targets in groups:
         cur = "—" if row.current is None else printable(row.current)
         arrow = Text(cur)
         # an ok row whose desired value is a bound (≥ 1048576) or a budget satisfies it: no arrow

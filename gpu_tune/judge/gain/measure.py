@@ -22,8 +22,8 @@ Arms run in rounds, each round every arm once, **in an order drawn at random for
 steady drift, but anything that recurs with the order's own period (a neighbour's job every few
 runs, a timer) then falls on the same arm every time, and on this VM an A/A run in that order
 measured the second arm 4.5 % faster over 48 pairs (about 3 standard errors). Drawn at random,
-such a disturbance is noise in the interval, not a bias, and the exact sign-flip test in
-:mod:`~gpu_tune.judge.gain.stats` is exact by construction: under "no difference" each pair's
+such a disturbance is noise in the interval, not a bias, and the sign-flip test in
+:mod:`~gpu_tune.judge.gain.stats` is valid by construction: under "no difference" each pair's
 order, and so the sign of its ratio, was a fair coin. One warm-up run of the control comes first
 and is not counted (the first process of a series pays for cold caches). Every host switch goes through the engine: families on
 is :func:`gpu_tune.tune.engine.apply` with those knobs (originals journalled before any write),
@@ -57,7 +57,7 @@ log = logging.getLogger("gpu_tune")
 
 UNTUNED, TUNED, NULL = "untuned", "tuned", "untuned-again"
 REGIME = "launch_bound"
-DEFAULT_PAIRS = 6  # the fewest pairs whose exact test can confirm a verdict at 95 % (stats.pairs_needed)
+DEFAULT_PAIRS = 6  # the fewest pairs whose sign-flip test can confirm a verdict at 95 % (stats.pairs_needed)
 MAX_PAIRS = 50
 DEFAULT_WARMUP = 1
 # (measure, higher is better, where it is in the workload's launch-bound result)

@@ -11,25 +11,28 @@ Two things must agree before a difference is called one:
    arms measured against one control, ``1 − 0.05/k``, Bonferroni, so that the k intervals hold
    together at 95 %), turned back into ratios. It is what the table shows: exact for normal log
    ratios, honest about few pairs (t = 4.30 at 3 pairs), and it widens with a disturbed run.
-2. **An exact sign-flip (randomization) test** of the same pairs: under "no difference" the two
+2. **A sign-flip (randomization) test** of the same pairs: under "no difference" the two
    runs of a pair are exchangeable, so each of the 2ⁿ sign patterns of the ``r`` values is as
    likely as the one observed; the one-sided p-value is the share of patterns whose mean is at
-   least as far out. It needs no distributional assumption, which a busy node's bursty, skewed
-   run times break: an A/A run (both sides identical, ``gpu-tune gain --null``) cannot be called
-   a gain or a loss more often than the stated error rate, whatever the noise. Its cost: with n
-   pairs no p-value is below 2⁻ⁿ, so a verdict needs ``n ≥ log2(2/α)`` pairs (6 at 95 %, 8 for
-   k = 6 arms): :func:`pairs_needed`.
+   least as far out. Up to :data:`EXACT_UP_TO` (16) pairs every pattern is counted: an exact
+   test. Beyond (``--pairs`` goes up to 50) :data:`MONTE_CARLO` (20,000) patterns drawn at random
+   (seeded) are counted, the observed one added once: a valid p-value, not an exact one, and the
+   reason says which of the two ran (:attr:`MeasureResult.test`). It needs no distributional
+   assumption, which a busy node's bursty, skewed run times break: an A/A run (both sides
+   identical, ``gpu-tune gain --null``) cannot be called a gain or a loss more often than the
+   stated error rate, whatever the noise. Its cost: with n pairs no p-value is below 2⁻ⁿ, so a
+   verdict needs ``n ≥ log2(2/α)`` pairs (6 at 95 %, 8 for k = 6 arms): :func:`pairs_needed`.
 
 Verdicts (``higher_is_better`` says which way a measure improves):
 
-- ``gain`` / ``loss``: the interval lies wholly on the better / worse side of 1, and the exact
+- ``gain`` / ``loss``: the interval lies wholly on the better / worse side of 1, and the sign-flip
   test agrees at the same level;
 - ``no significant difference``: the interval holds 1 and lies within ``1 ± tolerance``, or a
   confirmed difference is smaller than :data:`MIN_EFFECT` (±2 %: real, but nothing to alert on or
   to drop a setting for);
 - ``inconclusive``: fewer than :data:`MIN_PAIRS` pairs (no ratio at all), an interval that holds 1
-  but is wider than ``±tolerance`` (too noisy here), or an interval off 1 that the exact test does
-  not confirm (too few pairs agree to rule out chance).
+  but is wider than ``±tolerance`` (too noisy here), or an interval off 1 that the sign-flip test
+  does not confirm (too few pairs agree to rule out chance).
 
 A ratio is never given without its interval.
 """
@@ -124,7 +127,22 @@ def t975(df: int) -> float:
     return t_quantile(0.975, df)
 
 
-# -- the exact test --------------------------------------------------------------------------------
+# -- the sign-flip test ----------------------------------------------------------------------------
+EXACT_TEST = "exact sign-flip"
+SAMPLED_TEST = f"sign-flip, {MONTE_CARLO:,} random sign patterns"
+
+
+def sign_flip_test(n: int) -> str:
+    """Which sign-flip test :func:`sign_flip_p` runs for ``n`` values, in words."""
+    return EXACT_TEST if n <= EXACT_UP_TO else SAMPLED_TEST
+
+
+def _test_words(n: int) -> str:
+    """The test as the reason names it: ``exact sign-flip test`` or ``sign-flip test on 20,000
+    random sign patterns``."""
+    return "exact sign-flip test" if n <= EXACT_UP_TO else f"sign-flip test on {MONTE_CARLO:,} random sign patterns"
+
+
 def sign_flip_p(values: Sequence[float], *, seed: int = 0) -> tuple[float, float]:
     """One-sided p-values of the sign-flip test of ``mean(values) == 0``: (p that the mean is this
     low or lower, p that it is this high or higher), the observed pattern counted. Exact up to
@@ -152,7 +170,7 @@ def sign_flip_p(values: Sequence[float], *, seed: int = 0) -> tuple[float, float
 
 
 def pairs_needed(confidence: float = CONFIDENCE) -> int:
-    """The fewest pairs whose exact test can reach a one-sided ``(1 − confidence)/2``."""
+    """The fewest pairs whose sign-flip test can reach a one-sided ``(1 − confidence)/2``."""
     alpha = (1.0 - confidence) / 2.0
     return max(MIN_PAIRS, math.ceil(math.log2(1.0 / alpha)))
 
@@ -184,8 +202,11 @@ class MeasureResult:
     verdict: str
     reason: str
     confidence: float = CONFIDENCE
-    p_worse: float | None = None  # the exact test's one-sided p-value toward "worse"
+    p_worse: float | None = None  # the sign-flip test's one-sided p-value toward "worse"
     p_better: float | None = None
+    # Which sign-flip test gave them: "exact sign-flip" (every pattern, up to 16 pairs) or
+    # "sign-flip, 20,000 random sign patterns"; "" when none ran (too few pairs).
+    test: str = ""
 
     def change_text(self) -> str:
         """``+5.1% [+2.0%, +8.3%]`` (the ratio as a change, with its interval), or why there is none."""
@@ -201,7 +222,7 @@ class MeasureResult:
                 "confidence": round(self.confidence, 5),
                 "p_worse": None if self.p_worse is None else round(self.p_worse, 5),
                 "p_better": None if self.p_better is None else round(self.p_better, 5),
-                "verdict": self.verdict, "reason": self.reason, "change": self.change_text()}
+                "test": self.test or None, "verdict": self.verdict, "reason": self.reason, "change": self.change_text()}
 
 
 def _sig(x: float | None) -> float | None:
@@ -234,6 +255,7 @@ def compare(measure: str, untuned: Sequence[float], tuned: Sequence[float], *, h
     half = t_quantile(1.0 - (1.0 - confidence) / 2.0, n - 1) * sd / math.sqrt(n)
     ratio, lo, hi = math.exp(mean), math.exp(mean - half), math.exp(mean + half)
     p_low, p_high = sign_flip_p(logs)
+    test = _test_words(n)  # what ran, as the reason says it
     p_better, p_worse = (p_high, p_low) if higher_is_better else (p_low, p_high)
     alpha = (1.0 - confidence) / 2.0
     better_side = lo > 1 if higher_is_better else hi < 1
@@ -248,15 +270,15 @@ def compare(measure: str, untuned: Sequence[float], tuned: Sequence[float], *, h
         agree = sum(1 for x in logs if (x > 0) == (ratio > 1))
         if better_side:
             verdict = GAIN
-            reason = f"{what} is on the better side of no change ({agree} of {n} pairs; exact test p={p_better:.3g})"
+            reason = f"{what} is on the better side of no change ({agree} of {n} pairs; {test} p={p_better:.3g})"
         else:
             verdict = LOSS
-            reason = (f"{what} is on the worse side of no change ({agree} of {n} pairs; exact test p={p_worse:.3g}): "
+            reason = (f"{what} is on the worse side of no change ({agree} of {n} pairs; {test} p={p_worse:.3g}): "
                       "the profile hurts here")
     elif better_side or worse_side:
         need = pairs_needed(confidence)
         verdict = INCONCLUSIVE
-        reason = (f"the interval excludes no change but the exact test does not confirm it "
+        reason = (f"the interval excludes no change but the {test} does not confirm it "
                   f"(p={min(p_better, p_worse):.3g} > {alpha:.3g}"
                   + (f"; at least {need} pairs are needed for it" if n < need else "") + "): run more pairs")
     elif lo >= 1 - tolerance and hi <= 1 + tolerance:
@@ -265,4 +287,4 @@ def compare(measure: str, untuned: Sequence[float], tuned: Sequence[float], *, h
         verdict, reason = INCONCLUSIVE, (f"too noisy here: the interval holds no change but is wider than "
                                          f"±{tolerance:.0%}; run more pairs, or on a quieter node")
     return MeasureResult(measure, higher_is_better, n, mu, mt, ratio, lo, hi, verdict, reason, confidence,
-                         p_worse, p_better)
+                         p_worse, p_better, sign_flip_test(n))

@@ -150,6 +150,37 @@ def _workload_pythonpath(module: str) -> str | None:
     return str(Path(list(spec.submodule_search_locations)[0]).parent)
 
 
+_PR_SET_PDEATHSIG = 1  # linux/prctl.h
+
+
+def _dies_with_this_process():
+    """The function a probe's child runs between fork and exec so that it dies with this process:
+    ``prctl(PR_SET_PDEATHSIG, SIGKILL)``, kept across the exec (the NUMA binder and the workload
+    are not set-uid), then a check that this process did not die before it was set. Without it a
+    SIGKILLed ``gpu-tune probe`` or ``gain``, which can clean nothing up, left the workload running
+    (a GPU kept busy) until its own end. Everything the child calls is looked up here, before
+    the fork. None where libc has no ``prctl`` (not Linux).
+
+    The kernel sends the signal when the *thread* that forked the child ends, not the process:
+    :func:`run_once` waits for its child in the thread that started it, so that thread outlives it."""
+    import ctypes
+
+    try:
+        prctl = ctypes.CDLL(None, use_errno=True).prctl
+    except (OSError, AttributeError):
+        return None
+    prctl.argtypes = [ctypes.c_int, ctypes.c_ulong, ctypes.c_ulong, ctypes.c_ulong, ctypes.c_ulong]
+    prctl.restype = ctypes.c_int
+    parent, sig = os.getpid(), int(signal.SIGKILL)
+
+    def preexec() -> None:
+        prctl(_PR_SET_PDEATHSIG, sig, 0, 0, 0)
+        if os.getppid() != parent:  # this process died between the fork and the prctl
+            os._exit(1)
+
+    return preexec
+
+
 def _kill_group(pgid: int) -> None:
     try:
         os.killpg(pgid, signal.SIGKILL)
@@ -161,14 +192,16 @@ def run_once(cmd: list[str], env: Mapping[str, str], timeout: float) -> _Run:
     """Run ``cmd`` in a new session (its own process group) with a hard timeout.
 
     On expiry, or when the child exits, the whole group gets SIGKILL so nothing it started
-    survives it.
+    survives it; and the child dies with this process (:func:`_dies_with_this_process`) when this
+    process is killed in a way that leaves it no time to clean up (SIGKILL, the OOM killer).
     """
     with _live_lock:
         if _stopping.is_set():
             return _Run("error", None, "", "not started: the agent is stopping")
         try:
             proc = subprocess.Popen(cmd, stdin=subprocess.DEVNULL, stdout=subprocess.PIPE,
-                                    stderr=subprocess.PIPE, env=dict(env), start_new_session=True)
+                                    stderr=subprocess.PIPE, env=dict(env), start_new_session=True,
+                                    preexec_fn=_dies_with_this_process())
         except OSError as exc:
             return _Run("error", None, "", f"could not start {cmd[0]!r}: {exc.strerror or exc}")
         pgid = proc.pid  # start_new_session: the child leads its own group

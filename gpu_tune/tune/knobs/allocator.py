@@ -1,7 +1,7 @@
 """``allocator.preload``: jemalloc for the host's workloads, written to ``allocator.env``.
 
 With ``allocator.preload: jemalloc`` the knob finds ``libjemalloc.so.2`` in the host's library
-folders (under ``--root``) and keeps ``allocator.env_file`` (default ``/etc/gpu-tune/allocator.env``)
+folders (under ``--root``) and keeps ``allocator.env_file`` (default ``/etc/gpu-tune/allocator.env``, always in ``/etc/gpu-tune``)
 holding ``LD_PRELOAD=<host path>`` and ``MALLOC_CONF=<allocator.malloc_conf>``; a systemd unit
 or a container entrypoint sources it. With ``allocator.ld_so_preload: true`` it also keeps the
 library listed in the host-wide ``/etc/ld.so.preload`` (row target ``ld.so.preload``).
@@ -21,7 +21,7 @@ from typing import Any, NewType
 
 from gpu_tune.errors import HostError
 from gpu_tune.tune.model import Setting
-from gpu_tune.tune.knobs.base import Context, Knob, decode_raw, encode_raw
+from gpu_tune.tune.knobs.base import Context, Knob, decode_raw, encode_raw, path_matches
 
 # A path as the host's processes see it (no --root prefix). Never opened from this process
 # directly: HostFS maps it under the root.
@@ -34,6 +34,9 @@ HOST_LIB_DIRS: tuple[str, ...] = (
     "/usr/local/lib64",
 )
 LD_SO_PRELOAD = "/etc/ld.so.preload"
+# gpu-tune's own folder on the host: ``allocator.env_file`` lies in it (the DaemonSet mounts it
+# writable; the rest of /etc is read-only there).
+ENV_DIR = "/etc/gpu-tune"
 def jemalloc_missing(where: str) -> str:
     """The one sentence for a missing jemalloc, said the same way by the audit (the host's
     library folders) and the probe (the folders of the process that runs it)."""
@@ -87,7 +90,9 @@ class AllocatorKnob(Knob):
     family = "allocator"
     error_id = "allocator.preload"
     ids = ("allocator.preload",)
-    files = tuple(f"{d}/{JEMALLOC_SONAME}" for d in HOST_LIB_DIRS) + ("/etc/gpu-tune/allocator.env", LD_SO_PRELOAD)
+    files = tuple(f"{d}/{JEMALLOC_SONAME}" for d in HOST_LIB_DIRS) + (f"{ENV_DIR}/allocator.env", LD_SO_PRELOAD)
+    writes = (f"{ENV_DIR}/**", LD_SO_PRELOAD)
+    creates = (ENV_DIR, f"{ENV_DIR}/**")
 
     def wanted(self, profile) -> bool:
         return profile.allocator.preload == "jemalloc"
@@ -160,10 +165,12 @@ class AllocatorKnob(Knob):
         if row.path is None:
             raise HostError(f"{row.id}[{row.target}]: nothing to record")
         if not ctx.fs.exists(row.path):
-            # folders apply will create (e.g. /etc/gpu-tune), so revert removes them again
+            # folders apply will create (e.g. /etc/gpu-tune), so revert removes them again: only
+            # its own (a folder above them, missing from a bare test root, stays once made)
             made, parent = [], row.path.rsplit("/", 1)[0]
             while parent and parent != "/" and not ctx.fs.exists(parent):
-                made.append(parent)
+                if any(path_matches(p, parent) for p in self.creates):
+                    made.append(parent)
                 parent = parent.rsplit("/", 1)[0]
             return {"path": row.path, "value": "absent", "raw": None, "absent": True, "created_dirs": made}
         raw = ctx.fs.read_bytes(row.path)

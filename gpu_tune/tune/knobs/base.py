@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import base64
 from dataclasses import dataclass, field
+from fnmatch import fnmatchcase
 from typing import TYPE_CHECKING, Any, ClassVar
 
 from gpu_tune.errors import HostError
@@ -88,6 +89,31 @@ def process_table(ctx: Context) -> dict[str, tuple[int, ...]]:
     return ctx.cached("process_table", load)
 
 
+def clean_path(path: object) -> bool:
+    """An absolute path written plainly: no empty, ``.`` or ``..`` component, no NUL."""
+    if not isinstance(path, str) or not path.startswith("/") or "\0" in path:
+        return False
+    return all(part not in ("", ".", "..") for part in path[1:].split("/"))
+
+
+def path_matches(pattern: str, path: str) -> bool:
+    """Whether the absolute ``path`` is one that ``pattern`` names: component by component,
+    ``*``, ``?`` and ``[...]`` within one component (:func:`fnmatch.fnmatchcase`), ``**`` for one
+    or more components. A path that is not :func:`clean_path` matches nothing."""
+    if not clean_path(path):
+        return False
+    want, have = pattern.strip("/").split("/"), path.strip("/").split("/")
+
+    def match(i: int, j: int) -> bool:
+        if i == len(want):
+            return j == len(have)
+        if want[i] == "**":
+            return any(match(i + 1, k) for k in range(j + 1, len(have) + 1))
+        return j < len(have) and fnmatchcase(have[j], want[i]) and match(i + 1, j + 1)
+
+    return match(0, 0)
+
+
 def encode_raw(data: bytes | None) -> str | None:
     return None if data is None else base64.b64encode(data).decode("ascii")
 
@@ -109,6 +135,42 @@ class Knob:
     # False for a check that only reads: ``apply`` never plans its rows (a ``drift`` row then
     # carries the remedy in its detail, for a person or another owner to act on).
     writable: ClassVar[bool] = True
+    # The files this knob writes (patterns of :func:`path_matches`), and so the only ones a
+    # journal entry of its family may name: revert refuses a journal that names any other.
+    writes: ClassVar[tuple[str, ...]] = ()
+    # The folders it may create for them (an absent original's ``created_dirs``, removed again
+    # by revert when empty).
+    creates: ClassVar[tuple[str, ...]] = ()
+
+    def entry_problem(self, entry: dict[str, Any]) -> str:
+        """What in a journal entry of this family is not something this knob writes ('' when
+        nothing): a journal is only ever written by this tool, so a path it would not write
+        means the file was made or changed by someone else, and is not believed. The entry's
+        fields are already well formed (:func:`gpu_tune.tune.journal.Journal.load`).
+        This default is for a knob that journals one file (``path``)."""
+        if not self.writable:
+            return f"family {self.family!r} only reads: gpu-tune never records an original for it"
+        if "files" in entry:
+            return f"files: family {self.family!r} records one path, not a list of files"
+        path = entry.get("path")
+        if path is None:
+            return f"path: family {self.family!r} records the file it wrote; none is given"
+        problem = self.path_problem("path", path)
+        if problem:
+            return problem
+        for d in entry.get("created_dirs") or []:
+            if not any(path_matches(p, d) for p in self.creates) or not path.startswith(d + "/"):
+                where = f"folders in {', '.join(self.creates)}" if self.creates else "no folder"
+                return (f"created_dirs: {d!r}: family {self.family!r} creates {where}, and only "
+                        f"above the file it writes ({path!r})")[:300]
+        return ""
+
+    def path_problem(self, key: str, path: str) -> str:
+        """Why ``path`` (the entry's ``key``) is not a file this knob writes; '' when it is."""
+        if any(path_matches(p, path) for p in self.writes):
+            return ""
+        where = ", ".join(self.writes) or "no file"
+        return f"{key}: {path!r}: family {self.family!r} writes {where}, and nothing else"[:300]
 
     def owns(self, setting_id: str) -> bool:
         """Does this knob report ``setting_id``?"""

@@ -70,6 +70,20 @@ class CpuCstatesKnob(Knob):
     ids = ("cpu.cstates",)
     files = (f"{CPU_DIR}/cpuN/cpuidle/stateK/name", f"{CPU_DIR}/cpuN/cpuidle/stateK/latency",
              f"{CPU_DIR}/cpuN/cpuidle/stateK/disable", f"{CPU_DIR}/cpuidle/current_driver", "/proc/cmdline")
+    writes = (f"{CPU_DIR}/cpu[0-9]*/cpuidle/state[0-9]*/disable",)
+
+    def entry_problem(self, entry: dict[str, Any]) -> str:
+        """A C-state entry records the ``disable`` files of one CPU (``files``), no ``path``."""
+        if entry.get("path") is not None or entry.get("created_dirs"):
+            return "path: family 'cstates' records its files in files, not in path or created_dirs"
+        files = entry.get("files")
+        if not files:
+            return "files: family 'cstates' records the disable files it wrote; none are given"
+        for i, f in enumerate(files):
+            problem = self.path_problem(f"files[{i}].path", f["path"])
+            if problem:
+                return problem
+        return ""
 
     def wanted(self, profile) -> bool:
         return profile.cpu.cstates is not None

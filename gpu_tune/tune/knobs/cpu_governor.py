@@ -34,6 +34,7 @@ class CpuGovernorKnob(Knob):
     ids = ("cpu.governor",)
     files = (f"{CPU_DIR}/online", f"{CPU_DIR}/cpuN/cpufreq/scaling_governor",
              f"{CPU_DIR}/cpuN/cpufreq/scaling_available_governors")
+    writes = (f"{CPU_DIR}/cpu[0-9]*/cpufreq/scaling_governor",)
 
     def wanted(self, profile) -> bool:
         return bool(profile.cpu.governor)

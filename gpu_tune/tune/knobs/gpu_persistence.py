@@ -28,6 +28,18 @@ class GpuPersistenceKnob(Knob):
     error_id = "gpu.persistence_mode"
     ids = ("gpu.persistence_mode",)
     files = ("NVML: nvmlDeviceGetPersistenceMode / nvmlDeviceSetPersistenceMode", "/proc/[pid]/comm")
+    writes = ()  # through NVML, never a file
+
+    def entry_problem(self, entry: dict[str, Any]) -> str:
+        """A persistence-mode entry names its GPU (``index``, ``uuid``) and no file at all."""
+        for key in ("path", "files", "created_dirs"):
+            if entry.get(key):
+                return f"{key}: {entry[key]!r}: family 'gpu' sets persistence mode through NVML and writes no file"[:300]
+        if "index" not in entry:
+            return "index: family 'gpu' records the GPU it changed; none is given"
+        if entry.get("value") not in ("on", "off"):
+            return f"value: expected 'on' or 'off', got {entry.get('value')!r}"[:160]
+        return ""
 
     def wanted(self, profile) -> bool:
         return profile.gpu.persistence_mode is not None

@@ -111,6 +111,7 @@ class IrqAffinityKnob(Knob):
     ids = ("irq.affinity",)
     files = (f"{IRQ_DIR}/N/smp_affinity_list", f"{IRQ_DIR}/N/smp_affinity",
              f"{IRQ_DIR}/N/effective_affinity_list", "/sys/bus/pci/devices/*/msi_irqs/", "/proc/[pid]/comm")
+    writes = (f"{IRQ_DIR}/[0-9]*/smp_affinity_list", f"{IRQ_DIR}/[0-9]*/smp_affinity")
 
     def wanted(self, profile) -> bool:
         return profile.irq.affinity == "numa-local"

@@ -45,6 +45,7 @@ class SysctlKnob(Knob):
     family = "sysctl"
     error_id = "sysctl"
     files = ("/proc/sys/**",)
+    writes = ("/proc/sys/**",)
 
     def owns(self, setting_id: str) -> bool:
         return setting_id == "sysctl" or setting_id.startswith("sysctl.")

@@ -20,6 +20,7 @@ class ThpKnob(Knob):
     error_id = "thp.enabled"
     ids = ("thp.enabled", "thp.defrag")
     files = (f"{THP_DIR}/enabled", f"{THP_DIR}/defrag", "/proc/cmdline")
+    writes = (f"{THP_DIR}/enabled", f"{THP_DIR}/defrag")
 
     def wanted(self, profile) -> bool:
         return profile.thp.enabled is not None or profile.thp.defrag is not None
