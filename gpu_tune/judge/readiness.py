@@ -51,6 +51,8 @@ import re
 from dataclasses import dataclass, field
 from typing import Any, Iterable, Mapping, Sequence
 
+from gpu_tune.judge.figures import host_bandwidth
+
 FATAL_XIDS: dict[int, str] = {
     48: "double-bit ECC error",
     63: "ECC page retirement or row remapping recorded",
@@ -488,6 +490,9 @@ def probe_checks(probes: Sequence[Mapping[str, Any]] | None, *, required: bool =
                 bits.append(f"accuracy {acc:.3f}")
             if isinstance(ips, (int, float)):
                 bits.append(f"{ips:.0f} images/s")
+            bw = host_bandwidth(res) if isinstance(res, Mapping) else {}
+            if ("local", "h2d") in bw and ("local", "d2h") in bw:
+                bits.append(f"host<->GPU {bw[('local', 'h2d')] / 1e9:.1f}/{bw[('local', 'd2h')] / 1e9:.1f} GB/s")
             detail = "passed" + (f" ({', '.join(bits)})" if bits else "")
             if status == "skipped":  # a busy GPU's previous verdict stands, or a MIG GPU not probed
                 detail = "skipped" + (f": {reasons}" if reasons else "") + (f"; previous run {detail}" if bits else "")
