@@ -209,7 +209,7 @@ def run(a: argparse.Namespace) -> dict[str, Any]:
     cache: compile_cache.CompileCache | None = None
     timings["process_start_seconds"] = round(_process_age_s(), 3)  # interpreter + NumPy
     # The data path first, in processes of its own, while the data loads and TensorFlow imports.
-    if a.bandwidth == "on" or (a.bandwidth == "auto" and a.device != "cpu"):
+    if a.bandwidth == "on" or (a.bandwidth == "auto" and a.device != "cpu" and not a.launch_bound_only):
         path = datapath.DataPath(size_mib=a.bandwidth_size_mib, samples=a.bandwidth_samples, local_node=a.numa_node,
                                  remote_node=a.remote_numa_node).start()
     else:
