@@ -250,7 +250,9 @@ def test_window_busy_fraction_comes_from_the_samples_inside_it():
     s.status = "ok"
     s.samples = [(0.5, 10.0, 100.0), (1.0, 90.0, 200.0), (1.5, 100.0, 300.0), (9.0, 0.0, 50.0)]
     w = s.window((1.0, 2.0))
-    assert w == {"gpu_busy_fraction": 0.95, "gpu_samples": 2, "gpu_utilization_percent_max": 100.0,
+    # a window shorter than NVML's period: every sample inside it counts, marked unsettled
+    assert w == {"gpu_busy_fraction": 0.95, "gpu_samples": 2, "gpu_busy_settled": False,
+                 "gpu_busy_fraction_all": 0.95, "gpu_samples_all": 2, "gpu_utilization_percent_max": 100.0,
                  "gpu_memory_used_mib_max": 300.0}
     assert s.window((5.0, 6.0)) == {"gpu_busy_fraction": None, "gpu_samples": 0}
 
