@@ -271,6 +271,7 @@ class Trainer:
     def __init__(self, plan: Plan, data: DeviceData, batch_size: int, order: np.ndarray, *, seed: int,
                  lr: float, precision: str = "float32", xla: bool = False) -> None:
         self.batch_size = int(batch_size)
+        self.precision = precision
         dtype = DTYPES[precision]
         scale = FLOAT16_LOSS_SCALE if precision == "float16" else 1.0
         with tf.device(plan.device):
@@ -308,6 +309,17 @@ class Trainer:
             return loss
 
         self._chunk = chunk
+
+    def trace(self) -> None:
+        """Trace the training function now (no step runs).
+
+        TensorFlow names a traced function by a process-wide counter that every later call of a
+        ``tf.function`` advances; the persistent compilation cache finds an executable by that name
+        (it is in the program's signature and text). Tracing both windows' trainers before either
+        window runs gives their programs the same names in every run, whatever number of calls the
+        first window's timing made; otherwise the device-bound program got a new name, and a new
+        compilation, whenever that number changed."""
+        self._chunk.get_concrete_function(tf.TensorSpec([], tf.int32))
 
     def run(self, n: int) -> float:
         return float(self._chunk(tf.constant(int(n), tf.int32)).numpy())  # .numpy() waits for the device
@@ -376,9 +388,19 @@ def correctness_run(plan: Plan, data: DeviceData, *, steps: int, batch_size: int
     }
 
 
+def window_trainer(plan: Plan, data: DeviceData, *, batch_size: int, seed: int, lr: float) -> Trainer:
+    """The trainer of a throughput window at ``batch_size``, traced but not run (see
+    :meth:`Trainer.trace`)."""
+    n_train = int(data.x_train.shape[0])
+    order = np.random.default_rng(seed + 1).permutation(n_train)
+    trainer = Trainer(plan, data, batch_size, order, seed=seed, lr=lr, precision=plan.precision, xla=plan.xla)
+    trainer.trace()
+    return trainer
+
+
 def throughput_window(plan: Plan, data: DeviceData, *, batch_size: int, seconds: float, seed: int,
                       lr: float, min_steps: int = 3, call_seconds: float | None = None,
-                      step_times: bool = False) -> dict[str, Any]:
+                      step_times: bool = False, trainer: Trainer | None = None) -> dict[str, Any]:
     """Training images/s at ``batch_size`` in a timed window of about ``seconds``.
 
     The first call (tracing, XLA compilation) and one short sizing call are excluded; the window
@@ -387,12 +409,12 @@ def throughput_window(plan: Plan, data: DeviceData, *, batch_size: int, seconds:
 
     ``step_times``: one step per call, each timed to its result (launch, compute and the wait for
     it), reported as ``step_seconds`` (p50, p99, p99/p50, samples) and ``step_seconds_all``.
+    ``trainer``: one :func:`window_trainer` made earlier (its time is the caller's to count).
     """
-    n_train = int(data.x_train.shape[0])
-    order = np.random.default_rng(seed + 1).permutation(n_train)
     t0 = time.perf_counter()
-    trainer = Trainer(plan, data, batch_size, order, seed=seed, lr=lr, precision=plan.precision, xla=plan.xla)
-    trainer.run(2)  # trace + compile + first steps
+    if trainer is None:
+        trainer = window_trainer(plan, data, batch_size=batch_size, seed=seed, lr=lr)
+    trainer.run(2)  # (trace +) compile + first steps
     compile_s = time.perf_counter() - t0
     t1 = time.perf_counter()
     trainer.run(2)
