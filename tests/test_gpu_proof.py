@@ -489,7 +489,7 @@ def test_the_whole_proof_runs_on_the_cpu(tmp_path):
     assert row["time_to_verdict_seconds"] > 0
     # the CPU run says why it measured no data path, and the step says so too
     assert row["bandwidth"] == {"status": "not_measured", "reason": "no GPU: bandwidth not measured"}
-    assert "data path (-): no GPU: bandwidth not measured" in steps["probe"]["summary"]
+    assert "data path: no GPU: bandwidth not measured" in steps["probe"]["summary"]
 
     vd = steps["verdict"]["data"]
     assert [(r["cache"], r["load"]) for r in vd["runs"]] == [("cold", "idle"), ("warm", "idle"), ("none", "idle")]
