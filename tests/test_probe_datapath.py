@@ -5,6 +5,7 @@ what the table, /readiness and the node summary show."""
 
 from __future__ import annotations
 
+import json
 import os
 import time
 from pathlib import Path
@@ -230,3 +231,26 @@ def test_the_probe_table_shows_both_nodes_and_the_memory_bandwidth():
     text = con.export_text()
     assert "local (node 0): to the GPU 55.2 GB/s, from it 53.1 GB/s; remote (node 1): to the GPU 41.5 GB/s" in text
     assert "2,610 GB/s (device-to-device copies, read + write)" in text
+
+
+def test_gpu_tune_probe_hands_the_cache_folder_over_unless_told_not_to(make_host, tmp_path):
+    """``gpu-tune probe`` gives the workload ``<root>/var/lib/gpu-tune/xla-cache``;
+    ``--no-compile-cache`` (or the profile's ``probe.compile_cache: false``) leaves it out."""
+    from .conftest import run_cli
+    from .test_probe import FAKE
+
+    pkg = tmp_path / "fakeprobe"
+    pkg.mkdir()
+    (pkg / "__init__.py").write_text("")
+    (pkg / "ok.py").write_text(FAKE)
+    root = make_host("small-2cpu")
+    env = {"GPU_TUNE_PROBE_MODULE": "fakeprobe.ok", "PYTHONPATH": f"{ROOT}{os.pathsep}{tmp_path}"}
+    argvs = []
+    for extra in ((), ("--no-compile-cache",)):
+        p = run_cli("probe", "--device", "cpu", "--root", str(root), "--gpu-backend", "none", "-o", "json", *extra,
+                    env=env)
+        assert p.returncode == 0, p.stderr
+        argvs.append(json.loads(p.stdout)["results"][0]["result"]["argv"])
+    with_cache, without = argvs
+    assert with_cache[with_cache.index("--compile-cache") + 1] == str(root / "var/lib/gpu-tune/xla-cache")
+    assert (root / "var/lib/gpu-tune/xla-cache").is_dir() and "--compile-cache" not in without
