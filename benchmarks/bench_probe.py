@@ -3,16 +3,24 @@ probe's training loop against the field notes' ``model.compile()`` + ``model.fit
 
     .venv/bin/python benchmarks/bench_probe.py [--runs 2] [--busy-runs 1] [--repeats 3]
                                                [--seconds 3] [--device cpu|gpu] [--data PATH]
+                                               [--xla auto|on] [--no-cache] [--no-compare]
 
 1. ``--runs`` probes on an idle machine and ``--busy-runs`` with every CPU busy (one
    ``while 1: pass`` per CPU): accuracy, fingerprint and verdict of each, time-to-verdict and
-   where its seconds went, both regimes (images/s and, on a GPU, the GPU busy fraction).
-2. ``python -m gpu_tune.workload.compare``: the probe's launch-bound loop against the field notes' Keras
-   code as they wrote it (default ``compile()``), same batch (256), same data, alternating, in one
-   run; plus the probe's loop with XLA switched the other way.
+   where its seconds went, both regimes (images/s and, on a GPU, the GPU busy fraction), the
+   data path (host<->GPU and memory bandwidth; on a CPU "no GPU: bandwidth not measured").
+   The persistent XLA compilation cache starts empty in a folder of its own: the first run is
+   the cold one (first ever: it compiles and fills the cache), the others are warm; with the
+   cache a run that compiles with XLA (a GPU; ``--xla on`` on a CPU) loads what the first one
+   compiled. Cold and warm times are printed apart, and the fingerprint is compared with one
+   more run without the cache (``--no-cache``: every run without it).
+2. ``python -m gpu_tune.workload.compare`` (``--no-compare`` skips it): the probe's launch-bound
+   loop against the field notes' Keras code as they wrote it (default ``compile()``), same batch
+   (256), same data, alternating, in one run; plus the probe's loop with XLA switched the other way.
 
 Goals: accuracy >= 0.90; idle and busy accuracy within 0.005, the same fingerprint and the same
-verdict; time-to-verdict < 20 s on a CPU (< 30 s on a GPU); the probe's float32 loop >= 1.5x the
+verdict (with the cache cold, warm and without it); time-to-verdict of the warm idle runs < 20 s
+on a CPU (< 30 s on a GPU); the probe's float32 loop >= 1.5x the
 field notes' code on a CPU (float32 is what a CPU without bfloat16 instructions runs); on a GPU,
 the device-bound regime with the GPU >= 90 % busy. Exit 0 when every goal is met, 1 otherwise.
 """
@@ -22,9 +30,11 @@ from __future__ import annotations
 import argparse
 import json
 import os
+import shutil
 import statistics
 import subprocess
 import sys
+import tempfile
 import time
 from pathlib import Path
 
@@ -34,7 +44,8 @@ sys.path.insert(0, str(ROOT))
 from gpu_tune.judge import probe  # noqa: E402
 from gpu_tune.tune.profile import ProbePolicy  # noqa: E402
 
-TIMING_KEYS = ("process_start_seconds", "data_load_seconds", "tensorflow_import_seconds", "device_setup_seconds",
+TIMING_KEYS = ("process_start_seconds", "data_load_seconds", "tensorflow_import_seconds", "bandwidth_seconds",
+               "bandwidth_wait_seconds", "device_setup_seconds",
                "launch_bound_compile_seconds", "launch_bound_window_seconds", "device_bound_compile_seconds",
                "device_bound_window_seconds", "inference_seconds", "correctness_train_seconds", "evaluate_seconds")
 
@@ -49,14 +60,31 @@ def verdict_line(label: str, v) -> str:
         return (f"{g.get('images_per_second', 0):,.0f} img/s @ {g.get('batch_size')}"
                 + (f" (GPU busy {busy:.0%})" if isinstance(busy, (int, float)) else ""))
 
+    cc = (r.get("compile_cache") or {}).get("status")
+    t = r.get("timings") or {}
+    compile_s = sum(t.get(f"{k}_compile_seconds", 0) for k in ("launch_bound", "device_bound"))
     return (f"{label}: {v.status}, accuracy {r.get('accuracy')}, fingerprint {r.get('fingerprint')}, "
-            f"time-to-verdict {r.get('time_to_verdict_seconds', 0):.2f} s; launch-bound {reg('launch_bound')}, "
-            f"device-bound {reg('device_bound')}; precision {(r.get('config') or {}).get('precision')}")
+            f"time-to-verdict {r.get('time_to_verdict_seconds', 0):.2f} s (compile {compile_s:.2f} s, cache {cc}); "
+            f"launch-bound {reg('launch_bound')}, device-bound {reg('device_bound')}; "
+            f"precision {(r.get('config') or {}).get('precision')}; {datapath_text(r)}")
 
 
-def run_probe(a, target, policy):
+def datapath_text(r) -> str:
+    from gpu_tune.judge.figures import host_bandwidth, memory_bandwidth
+
+    bw = r.get("bandwidth") or {}
+    if bw.get("status") != "measured":
+        return str(bw.get("reason") or "bandwidth: -")
+    f = host_bandwidth(r)
+    text = ", ".join(f"{side} {d.upper()} {v / 1e9:.1f} GB/s" for (side, d), v in sorted(f.items()))
+    mem = memory_bandwidth(r)
+    return text + (f", memory {mem / 1e9:,.0f} GB/s" if mem else "")
+
+
+def run_probe(a, target, policy, cache: str | None):
+    extra = ["--xla", a.xla] if a.xla != "auto" else []
     (v,) = probe.run_probes([target], policy, probe.Baselines(), data=a.data, timeout=600, device=a.device,
-                            previous=None)
+                            previous=None, extra_args=extra, compile_cache=cache)
     if v.result is None or not v.result.get("ok"):
         raise SystemExit(f"probe: {v.status}: {'; '.join(v.reasons)}\n{v.stderr_tail}")
     return v
@@ -70,33 +98,46 @@ def main() -> int:
     p.add_argument("--seconds", type=float, default=3.0, help="timed training seconds per repeat")
     p.add_argument("--device", choices=("cpu", "gpu"), default="cpu")
     p.add_argument("--data", default=None)
+    p.add_argument("--xla", choices=("auto", "on"), default="auto",
+                   help="on: the GPU's XLA path on a CPU too (what the compilation cache holds)")
+    p.add_argument("--no-cache", action="store_true", help="every run without the compilation cache")
+    p.add_argument("--no-compare", action="store_true", help="skip the comparison with the field notes' Keras code")
     a = p.parse_args()
 
     ok = True
-    policy = ProbePolicy()
+    policy = ProbePolicy(compile_cache=not a.no_cache)
     gpu = a.device == "gpu"
     target = probe.ProbeTarget("0" if gpu else "cpu", 0 if gpu else None, None, None, device=a.device)
     idle, busy = [], []
-    for i in range(a.runs):
-        idle.append(run_probe(a, target, policy))
-        print(verdict_line(f"idle run {i + 1}", idle[-1]), flush=True)
-    hogs = [subprocess.Popen([sys.executable, "-c", "while 1: pass"]) for _ in range(os.cpu_count() or 1)]
+    tmp = tempfile.mkdtemp(prefix="bench-probe-cache-")
+    cache = None if a.no_cache else tmp
     try:
-        time.sleep(0.5)
-        for i in range(a.busy_runs):
-            busy.append(run_probe(a, target, policy))
-            print(verdict_line(f"busy run {i + 1} ({len(hogs)} CPU hogs)", busy[-1]), flush=True)
+        for i in range(a.runs):
+            idle.append(run_probe(a, target, policy, cache))
+            print(verdict_line(f"idle run {i + 1}", idle[-1]), flush=True)
+        hogs = [subprocess.Popen([sys.executable, "-c", "while 1: pass"]) for _ in range(os.cpu_count() or 1)]
+        try:
+            time.sleep(0.5)
+            for i in range(a.busy_runs):
+                busy.append(run_probe(a, target, policy, cache))
+                print(verdict_line(f"busy run {i + 1} ({len(hogs)} CPU hogs)", busy[-1]), flush=True)
+        finally:
+            for h in hogs:
+                h.kill()
+                h.wait()
+        without = None
+        if cache is not None:
+            without = run_probe(a, target, ProbePolicy(compile_cache=False), None)
+            print(verdict_line("idle run without the cache", without), flush=True)
     finally:
-        for h in hogs:
-            h.kill()
-            h.wait()
+        shutil.rmtree(tmp, ignore_errors=True)
 
     r0 = idle[0].result
     print("where the seconds go (idle run 1): " + ", ".join(
         f"{k.removesuffix('_seconds')} {r0['timings'][k]:.2f}" for k in TIMING_KEYS if k in r0["timings"]))
     acc_i = [v.result["accuracy"] for v in idle]
     acc_b = [v.result["accuracy"] for v in busy]
-    fps = {v.result["fingerprint"] for v in idle + busy}
+    fps = {v.result["fingerprint"] for v in idle + busy + ([without] if without else [])}
     verdicts = {v.status for v in idle + busy}
     spread = max(acc_i + acc_b) - min(acc_i + acc_b)
     print(f"accuracy idle {acc_i}, busy {acc_b}: spread {spread:.4f} (goal <= 0.005, each >= 0.90): "
@@ -104,11 +145,16 @@ def main() -> int:
     print(f"fingerprints {sorted(fps)} (goal: one): {'ok' if len(fps) == 1 else 'MISSED'}; "
           f"verdicts {sorted(verdicts)} (goal: passed): {'ok' if verdicts == {'passed'} else 'MISSED'}")
     ok &= spread <= 0.005 and min(acc_i + acc_b) >= 0.9 and len(fps) == 1 and verdicts == {"passed"}
-    ttv = statistics.median(v.result["time_to_verdict_seconds"] for v in idle)
-    ttv_busy = statistics.median(v.result["time_to_verdict_seconds"] for v in busy) if busy else float("nan")
+    def med(runs) -> float:
+        return statistics.median(v.result["time_to_verdict_seconds"] for v in runs) if runs else float("nan")
+
+    warm = idle[1:] if cache is not None and len(idle) > 1 else idle
+    ttv, ttv_busy = med(warm), med(busy)
     goal = 30.0 if gpu else 20.0
-    print(f"time-to-verdict median idle {ttv:.2f} s (goal < {goal:g} s): {'ok' if ttv < goal else 'MISSED'}; "
-          f"busy {ttv_busy:.2f} s")
+    cold = f"cold (run 1, cache empty) {idle[0].result['time_to_verdict_seconds']:.2f} s; " if cache is not None else ""
+    print(f"time-to-verdict: {cold}median idle{' warm' if cache else ''} {ttv:.2f} s (goal < {goal:g} s): "
+          f"{'ok' if ttv < goal else 'MISSED'}; busy{' warm' if cache else ''} {ttv_busy:.2f} s"
+          + (f"; without the cache {without.result['time_to_verdict_seconds']:.2f} s" if without else ""))
     ok &= ttv < goal
     for regime in ("launch_bound", "device_bound"):
         ips = statistics.median(v.result["regimes"][regime]["images_per_second"] for v in idle)
@@ -123,6 +169,8 @@ def main() -> int:
                 ok &= med >= 0.9
         print(line)
 
+    if a.no_compare:
+        return 0 if ok else 1
     cmd = [sys.executable, "-m", "gpu_tune.workload.compare", "--device", a.device, "--repeats", str(a.repeats),
            "--seconds", str(a.seconds), "--batch-size", str(policy.batch_size)]
     if a.data:

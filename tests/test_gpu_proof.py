@@ -461,6 +461,7 @@ def test_a_step_out_of_time_is_stopped_and_leaves_no_process_behind(tmp_path):
 def test_the_whole_proof_runs_on_the_cpu(tmp_path):
     p, rep = _proof(tmp_path, "--device", "cpu", "--fingerprint-runs", "2", "--gain-pairs", "3", "--gain-window", "0.3",
                     "--serve-requests", "200", "--serve-probe-wait", "120", "--torch-seconds", "1", "--budget", "900",
+                    "--verdict-runs", "3",
                     timeout=1200)
     steps = rep["steps"]
     assert list(steps) == list(proof.STEPS)
@@ -486,6 +487,15 @@ def test_the_whole_proof_runs_on_the_cpu(tmp_path):
     assert set(row["regimes"]) == {"launch_bound", "device_bound"}
     assert all(w["images_per_second"] > 0 for w in row["regimes"].values())
     assert row["time_to_verdict_seconds"] > 0
+    # the CPU run says why it measured no data path, and the step says so too
+    assert row["bandwidth"] == {"status": "not_measured", "reason": "no GPU: bandwidth not measured"}
+    assert "data path: no GPU: bandwidth not measured" in steps["probe"]["summary"]
+
+    vd = steps["verdict"]["data"]
+    assert [(r["cache"], r["load"]) for r in vd["runs"]] == [("cold", "idle"), ("warm", "idle"), ("none", "idle")]
+    assert vd["all_equal"] is True and vd["fingerprints"] == {"cpu": [row["fingerprint"]]}
+    assert all(g["compile_cache"] == "off" for r in vd["runs"] for g in r["gpus"])  # XLA is off on a CPU
+    assert vd["time_to_verdict"]["cold_idle"] > 0 and vd["time_to_verdict"]["warm_busy"] is None
 
     fp = steps["fingerprint"]["data"]
     assert fp["all_equal"] is True
@@ -514,3 +524,4 @@ def test_the_whole_proof_runs_on_the_cpu(tmp_path):
     for name in proof.STEPS:
         assert f"| {name} | " in md
     assert "All fingerprints equal: **yes**" in md and "byte-exact **True**" in md
+    assert "All fingerprints equal with and without the cache: **yes**" in md

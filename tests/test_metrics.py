@@ -20,16 +20,18 @@ from .test_readiness import AUDIT_DRIFT, Pub, h100
 GOLDEN = Path(__file__).parent / "golden"
 # What the default exposition is made of (docs/monitoring.md, "Cardinality"): per GPU with a full
 # probe result, its NUMA node, PCIe generation and width (current and max), accuracy, fingerprint,
-# images/s per regime, the device-bound busy ratio, probe duration and last success; besides: build
+# images/s per regime, the device-bound busy ratio, host-to-GPU and GPU-to-host bandwidth from the
+# GPU's own NUMA node, the GPU's memory bandwidth, probe duration and last success; besides: build
 # info and ready; the health readings of a healthy GPU (its active NVLinks; error counters only when
 # they are not 0) and one series per InfiniBand port. Nothing is per CPU or per IRQ. --metrics-detail
-# adds a series per setting target, the success and duration of each stage, and the launch-bound
-# busy ratio per GPU.
-SERIES_PER_GPU = 1 + 2 + 2 + 1 + 1 + 2 + 1 + 1 + 1 + 1
+# adds a series per setting target, the success and duration of each stage, and per GPU the
+# launch-bound busy ratio, the bandwidth from the remote NUMA node and the probe's phases.
+SERIES_PER_GPU = 1 + 2 + 2 + 1 + 1 + 2 + 1 + 2 + 1 + 1 + 1 + 1
 SERIES_FIXED = 2
-# The 8-GPU, 224-CPU fixture with the default flags: 150 before the health checks, which add a
-# check_ok series per family (about 10), the active NVLinks per GPU and one per InfiniBand port.
-SERIES_BUDGET = 200
+# The 8-GPU, 224-CPU fixture with the default flags: 150 before the health checks and the data path;
+# the health checks add a check_ok series per family (about 10), the active NVLinks per GPU and one
+# per InfiniBand port; the data path 3 per GPU.
+SERIES_BUDGET = 225
 T0 = 1735689600.0  # 2025-01-01T00:00:00Z
 
 TOPOLOGY = {
@@ -165,6 +167,45 @@ def test_probe_families_from_the_result_shape():
     assert gpu_series(body, "gpu_tune_probe_accuracy", "1") == {(): 0.41}
 
 
+def test_data_path_families_local_by_default_remote_and_phases_with_detail():
+    body = snapshot().metrics_body
+    assert gpu_series(body, "gpu_tune_probe_h2d_bytes_per_second", "0") == {(("numa", "local"),): 55.2e9}
+    assert gpu_series(body, "gpu_tune_probe_d2h_bytes_per_second", "0") == {(("numa", "local"),): 53.1e9}
+    assert gpu_series(body, "gpu_tune_probe_memory_bandwidth_bytes_per_second", "0") == {(): 2.61e12}
+    assert gpu_series(body, "gpu_tune_probe_phase_seconds", "0") == {}
+    detail = snapshot(metrics_detail=True).metrics_body
+    assert gpu_series(detail, "gpu_tune_probe_h2d_bytes_per_second", "0") == {
+        (("numa", "local"),): 55.2e9, (("numa", "remote"),): 41.5e9}
+    phases = gpu_series(detail, "gpu_tune_probe_phase_seconds", "0")
+    assert phases[(("phase", "tensorflow_import"),)] == 10.0 and phases[(("phase", "total"),)] == 24.5
+    # an older probe's result (GPU 1) has no data path: no series
+    assert gpu_series(detail, "gpu_tune_probe_h2d_bytes_per_second", "1") == {}
+
+
+@pytest.mark.parametrize("path, want", [
+    ({}, 0),  # a result of an older probe
+    ({"bandwidth": {"status": "not_measured", "reason": "no GPU: bandwidth not measured"},
+      "memory_bandwidth": {"status": "not_measured"}}, 0),  # a CPU run
+    ({"bandwidth": {"status": "measured", "local": {"status": "measured", "h2d": {"bytes_per_second": "fast"},
+                                                    "d2h": {"bytes_per_second": float("nan")}}},
+      "memory_bandwidth": {"status": "measured", "bytes_per_second": -1}}, 0),  # not numbers
+    ({"bandwidth": {"status": "measured", "local": {"status": "measured", "h2d": {"bytes_per_second": 5e10}},
+                    "remote": {"status": "error", "reason": "x"}},
+      "memory_bandwidth": {"status": "measured", "bytes_per_second": 2e12}}, 2),  # one direction, and memory
+    ({"bandwidth": "garbage", "memory_bandwidth": None}, 0),
+])
+def test_data_path_families_tolerate_partial_results(path, want):
+    snap = Snapshot.build(node="gpu-node-1", profile="training", verdict=verdict(profile=Profile(name="training"),
+                          audit=None, gpus=[h100(0)], probes=[]), since=T0, created=T0,
+                          gpus=[h100(0).as_dict()], topology=TOPOLOGY, probes=[probe_verdict("0", probe_result(path=path))],
+                          metrics_detail=True)
+    body = snap.metrics_body
+    got = sum(len(gpu_series(body, f, "0")) for f in ("gpu_tune_probe_h2d_bytes_per_second",
+                                                      "gpu_tune_probe_d2h_bytes_per_second",
+                                                      "gpu_tune_probe_memory_bandwidth_bytes_per_second"))
+    assert got == want
+
+
 @pytest.mark.parametrize("result, want_ips, want_busy, want_fp", [
     # no fingerprint, an empty one, or not a string: no info series
     (probe_result(fingerprint=None), 2, 2, False),
@@ -273,7 +314,10 @@ def test_series_budget_on_the_8_gpu_224_cpu_fixture(tmp_path):
     stages = full["gpu_tune_collector_success"]
     assert stages == full["gpu_tune_collector_duration_seconds"] >= 4
     assert full["gpu_tune_probe_gpu_busy_ratio"] == 2 * per_family["gpu_tune_probe_gpu_busy_ratio"] == 16
-    assert sum(full.values()) == total + rows + 2 * stages + 8
+    assert full["gpu_tune_probe_h2d_bytes_per_second"] == 2 * per_family["gpu_tune_probe_h2d_bytes_per_second"] == 16
+    phases = full["gpu_tune_probe_phase_seconds"]
+    assert phases == 8 * 7  # the 7 phases the fixture's results time
+    assert sum(full.values()) == total + rows + 2 * stages + 8 + 16 + phases
 
 
 @pytest.mark.parametrize("given,want", [("0000:18:00.0", "00000000:18:00.0"), ("0000:af:00.0", "00000000:AF:00.0"),

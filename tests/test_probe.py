@@ -54,7 +54,23 @@ dev = args[args.index("--device") + 1]
 if mode == "nodeps":
     print(json.dumps({"ok": False, "error_kind": "dependency", "error": "TensorFlow is not installed", "host": process_facts()}))
     sys.exit(0)
-print(json.dumps({"ok": True, "error": None, "error_kind": None, "requested_device": dev,
+if mode == "cache" and "--compile-cache" in args:
+    print(json.dumps({"ok": False, "error_kind": "compile_cache", "error": "the XLA compilation with the persistent "
+                      "cache failed (OutOfRangeError: Read less bytes than requested); the cache folder was removed",
+                      "argv": args, "host": process_facts()}))
+    sys.exit(0)
+extra = {}
+if os.environ.get("FAKE_BW"):  # "h2d,d2h[,memory]" in GB/s, from the local node
+    bw = [float(x) * 1e9 for x in os.environ["FAKE_BW"].split(",")]
+    side = lambda n, a, b: {"numa_node": n, "status": "measured", "h2d": {"bytes_per_second": a},
+                            "d2h": {"bytes_per_second": b}}
+    extra["bandwidth"] = {"status": "measured", "size_bytes": 268435456, "samples": 5, "local": side(0, bw[0], bw[1]),
+                          "remote": {"numa_node": None, "status": "not_measured", "reason": "one NUMA node"}}
+    extra["memory_bandwidth"] = ({"status": "measured", "bytes_per_second": bw[2]} if len(bw) > 2
+                                 else {"status": "not_measured", "reason": "not run"})
+elif dev == "cpu":
+    extra["bandwidth"] = extra["memory_bandwidth"] = {"status": "not_measured", "reason": "no GPU: bandwidth not measured"}
+print(json.dumps({**extra, "ok": True, "error": None, "error_kind": None, "requested_device": dev,
     "device": {"kind": os.environ.get("FAKE_KIND", dev), "name": "Fake", "compute_capability": None},
     "accuracy": float(os.environ.get("FAKE_ACC", "0.95")),
     "fingerprint": os.environ.get("FAKE_FP", "0123456789abcdef"), "peer_group": "Fake | probe 2",

@@ -250,7 +250,9 @@ def test_window_busy_fraction_comes_from_the_samples_inside_it():
     s.status = "ok"
     s.samples = [(0.5, 10.0, 100.0), (1.0, 90.0, 200.0), (1.5, 100.0, 300.0), (9.0, 0.0, 50.0)]
     w = s.window((1.0, 2.0))
-    assert w == {"gpu_busy_fraction": 0.95, "gpu_samples": 2, "gpu_utilization_percent_max": 100.0,
+    # a window shorter than NVML's period: every sample inside it counts, marked unsettled
+    assert w == {"gpu_busy_fraction": 0.95, "gpu_samples": 2, "gpu_busy_settled": False,
+                 "gpu_busy_fraction_all": 0.95, "gpu_samples_all": 2, "gpu_utilization_percent_max": 100.0,
                  "gpu_memory_used_mib_max": 300.0}
     assert s.window((5.0, 6.0)) == {"gpu_busy_fraction": None, "gpu_samples": 0}
 
@@ -347,3 +349,68 @@ def test_no_deterministic_kernel_is_a_dependency_error_not_a_crash(subset):
     assert doc["error"] == ("TensorFlow cannot run the deterministic correctness run on this device: "
                             "A deterministic GPU implementation of MaxPoolGrad is not currently available.")
     assert doc["regimes"]["launch_bound"]["images_per_second"] > 0  # what was measured is kept
+
+
+@pytest.mark.slow
+def test_the_compilation_cache_never_changes_the_result(subset, tmp_path):
+    """The persistent XLA cache (``--compile-cache``), exercised with the GPU's XLA path on the CPU:
+    the first run compiles and writes an entry per regime, the next loads them and writes none
+    (whatever its windows' timing), and the fingerprint is the same with the cache cold, warm and without it. An entry TensorFlow
+    cannot read makes the compilation fail (it does not fall back): the workload says so as
+    ``error_kind: compile_cache`` and removes the folder, so the next run compiles afresh."""
+    args = ("--device", "cpu", "--xla", "on", "--batch-size", "16", "--device-batch-size", "32",
+            "--window-seconds", "0.2", "--infer-seconds", "0.05", "--train-steps", "10")
+    base = tmp_path / "xla-cache"
+    docs = {}
+    # the warm run's first window is longer: more calls before the second window is compiled, which
+    # must not rename its program (train.Trainer.trace)
+    for name, extra in (("cold", ("--compile-cache", str(base))),
+                        ("warm", ("--compile-cache", str(base), "--window-seconds", "0.6")), ("none", ())):
+        r = _cli(*args, *extra, timeout=300)
+        assert r.returncode == 0, r.stderr[-3000:]
+        docs[name] = json.loads(r.stdout)
+        assert docs[name]["ok"] is True, docs[name]["error"]
+    cold, warm, none = docs["cold"]["compile_cache"], docs["warm"]["compile_cache"], docs["none"]["compile_cache"]
+    assert (cold["status"], cold["entries_before"], cold["entries_after"]) == ("cold", 0, 2), cold
+    assert (warm["status"], warm["entries_before"], warm["entries_after"]) == ("warm", 2, 2), warm
+    assert warm["key"] == cold["key"] and warm["key"].startswith("tf2.") and none["status"] == "off"
+    assert docs["cold"]["fingerprint"] == docs["warm"]["fingerprint"] == docs["none"]["fingerprint"]
+    assert docs["cold"]["accuracy"] == docs["warm"]["accuracy"] == docs["none"]["accuracy"]
+
+    folder = Path(cold["dir"])
+    for entry in folder.glob("*.pb"):
+        entry.write_bytes(entry.read_bytes()[:1000])  # cut short, as a full disk would leave it
+    r = _cli(*args, "--compile-cache", str(base), timeout=300)
+    doc = json.loads(r.stdout)
+    assert doc["ok"] is False and doc["error_kind"] == "compile_cache", doc["error"]
+    assert "the cache folder" in doc["error"] and "was removed" in doc["error"] and not folder.exists()
+
+
+def test_cpu_run_says_no_gpu_and_measures_no_bandwidth(subset):
+    """A CPU run never starts the bandwidth measurement, and says why (it stops at bad data here,
+    before TensorFlow: the data path's answer is already in the result)."""
+    r = _cli("--device", "cpu", "--data", str(ROOT / "no-such-file.npz"))
+    doc = json.loads(r.stdout)
+    assert doc["error_kind"] == "input"
+    assert doc["bandwidth"] == doc["memory_bandwidth"] == {"status": "not_measured",
+                                                           "reason": "no GPU: bandwidth not measured"}
+    assert doc["compile_cache"]["status"] == "off"
+
+
+def test_gpu_busy_counts_the_samples_whose_nvml_period_lies_in_the_window():
+    """NVML's utilization averages over its past period (up to 1 s): a sample early in a window
+    still covers the idle compilation before it. A GPU busy through a 2 s window after 15 s of
+    compilation, sampled every 100 ms with a 1 s period, reads ~75 % over every sample; the
+    samples a period or more into the window read what the window did."""
+    s = hostinfo.NvmlSampler(interval_s=0.1)
+    s.status = "ok"
+    start, period = 100.0, hostinfo.NVML_PERIOD_S
+    for i in range(1, 21):  # samples at start + 0.1 ... start + 2.0
+        t = start + i * 0.1
+        s.samples.append((t, 100.0 * min(1.0, (t - start) / period), 1000.0))
+    w = s.window((start, start + 2.0))
+    assert w["gpu_busy_fraction"] == 1.0 and w["gpu_busy_settled"] is True and w["gpu_samples"] == 11
+    assert w["gpu_busy_fraction_all"] == pytest.approx(0.775, abs=0.01) and w["gpu_samples_all"] == 20
+    # a window shorter than the period: every sample counts, and the figure says it is unsettled
+    short = s.window((start, start + 0.5))
+    assert short["gpu_busy_settled"] is False and short["gpu_samples"] == 5

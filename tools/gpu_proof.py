@@ -16,7 +16,12 @@ tuning       ``audit`` -> ``apply`` -> ``audit`` (compliant?) -> ``revert`` -> `
              journal recorded is compared byte for byte with what it held before (and with the
              journal's copy); NVML persistence mode before, after apply, after revert
 probe        ``gpu-tune probe --gpu all -o json``: both regimes with the GPU busy fraction per window,
-             accuracy, fingerprint, time to verdict
+             accuracy, fingerprint, time to verdict, the data path (host<->GPU bandwidth from the
+             GPU's NUMA node and from a remote one, GPU memory bandwidth)
+verdict      the time to verdict with the compilation cache cold (emptied first) and warm, idle and
+             with every CPU busy, and once without the cache: every phase's seconds, the cache's
+             state, the device-bound GPU busy fraction, the data path, and whether the fingerprint
+             is the same in every run
 torch        the device-bound regime's network in PyTorch eager (tools/torch_cnn.py), data on the
              device, against the probe's device-bound images/s (skipped where PyTorch is absent)
 fingerprint  the probe N times idle and N times with every CPU busy (one busy loop per CPU): are all
@@ -61,16 +66,20 @@ from typing import Any, Callable
 
 REPO = Path(__file__).resolve().parent.parent
 FORMAT = 1
-STEPS = ("environment", "topology", "health", "tuning", "probe", "torch", "fingerprint", "gain", "serve")
+STEPS = ("environment", "topology", "health", "tuning", "probe", "torch", "verdict", "fingerprint", "gain", "serve")
 # Seconds a step is expected to take (to decide whether it fits the budget) and its hard limit.
 EXPECT = {
     "gpu": {"environment": 40, "topology": 10, "health": 10, "tuning": 30, "probe": 75, "fingerprint": 330, "gain": 360,
-            "serve": 110, "torch": 50},
+            "serve": 110, "torch": 50, "verdict": 300},
     "cpu": {"environment": 15, "topology": 5, "health": 5, "tuning": 10, "probe": 25, "fingerprint": 90, "gain": 50,
-            "serve": 40, "torch": 30},
+            "serve": 40, "torch": 30, "verdict": 75},
 }
-LIMIT = {"environment": 240, "topology": 60, "health": 60, "tuning": 240, "probe": 420, "fingerprint": 1200, "gain": 900,
-         "serve": 420, "torch": 300}
+LIMIT = {"environment": 240, "topology": 60, "health": 60, "tuning": 240, "probe": 420, "fingerprint": 1200,
+         "gain": 900, "serve": 420, "torch": 300, "verdict": 900}
+# The verdict step's runs, in this order (--verdict-runs N takes the first N): the cache emptied
+# first (cold: the first probe ever), then warm, without the cache, busy and warm, busy and cold.
+VERDICT_PLAN = (("cold", "idle"), ("warm", "idle"), ("none", "idle"), ("warm", "busy"), ("cold", "busy"))
+GOAL_WARM_IDLE_S, GOAL_WARM_BUSY_S = 30.0, 40.0  # on the H100
 FIXTURE_TUNE = "vm-virtio-2node"  # a VM with an H100 passed through (tests/fixtures/pcigen.py)
 FIXTURE_RUN = "small-2cpu"  # CPUs 0-1 exist on every test machine: the probe binds to them
 STATUSES = ("passed", "failed", "error", "timeout", "skipped", "not_run")
@@ -669,8 +678,12 @@ def probe_rows(doc: dict[str, Any] | None) -> list[dict[str, Any]]:
             regimes[name] = {k: w.get(k) for k in ("batch_size", "images_per_second", "gpu_busy_fraction", "gpu_samples",
                                                    "gpu_utilization_percent_max", "steps", "steps_per_call", "seconds",
                                                    "precision", "xla", "compile_seconds")}
+        for name, w in (res.get("regimes") or {}).items():
+            regimes[name].update({k: w.get(k) for k in ("gpu_busy_fraction_all", "gpu_busy_settled") if k in w})
         t = res.get("timings") or {}
         rows.append({"gpu": v.get("gpu"), "status": v.get("status"), "passed": v.get("passed"),
+                     "bandwidth": res.get("bandwidth"), "memory_bandwidth": res.get("memory_bandwidth"),
+                     "compile_cache": res.get("compile_cache"), "datapath": v.get("datapath"),
                      "reasons": v.get("reasons"), "notes": v.get("notes"), "attempts": v.get("attempts"),
                      "duration_seconds": v.get("duration_seconds"), "accuracy": res.get("accuracy"),
                      "fingerprint": res.get("fingerprint"), "peer_group": res.get("peer_group"),
@@ -681,11 +694,34 @@ def probe_rows(doc: dict[str, Any] | None) -> list[dict[str, Any]]:
     return rows
 
 
-def run_probe(ctx: dict[str, Any], r: Runner, host: dict[str, Any]) -> dict[str, Any]:
+def run_probe(ctx: dict[str, Any], r: Runner, host: dict[str, Any], *extra: str) -> dict[str, Any]:
     args = ["probe", "--gpu", "all", "--device", ctx["device"], "-o", "json", "--timeout", str(ctx["probe_timeout"])]
     if ctx.get("data"):
         args += ["--data", ctx["data"]]
-    return r.gpu_tune(*args, timeout=ctx["probe_timeout"] + 60, host=host)
+    return r.gpu_tune(*args, *extra, timeout=ctx["probe_timeout"] + 60, host=host)
+
+
+def _gbps(v: Any) -> str:
+    return f"{v / 1e9:,.1f} GB/s" if isinstance(v, (int, float)) else "-"
+
+
+def datapath_text(row: dict[str, Any]) -> str:
+    """The data path of one probe row in a line: local and remote host<->GPU, GPU memory."""
+    bw = row.get("bandwidth") or {}
+    if bw.get("status") != "measured":
+        return f"data path: {bw.get('reason') or bw.get('status') or '-'}"
+    parts = []
+    for side in ("local", "remote"):
+        sd = bw.get(side) or {}
+        if sd.get("status") == "measured":
+            parts.append(f"{side} node {sd.get('numa_node')} H2D {_gbps((sd.get('h2d') or {}).get('bytes_per_second'))}, "
+                         f"D2H {_gbps((sd.get('d2h') or {}).get('bytes_per_second'))}")
+        elif side == "remote":
+            parts.append(f"remote: {sd.get('reason') or sd.get('status')}")
+    mem = row.get("memory_bandwidth") or {}
+    parts.append(f"GPU memory {_gbps(mem.get('bytes_per_second'))}" if mem.get("status") == "measured"
+                 else f"GPU memory: {mem.get('reason') or mem.get('status') or '-'}")
+    return f"data path ({row.get('datapath') or '-'}): " + "; ".join(parts)
 
 
 def step_probe(ctx: dict[str, Any], r: Runner) -> dict[str, Any]:
@@ -702,7 +738,7 @@ def step_probe(ctx: dict[str, Any], r: Runner) -> dict[str, Any]:
         parts.append(f"{row['gpu']}: {row['status']}, accuracy {row['accuracy']}, fingerprint {row['fingerprint']}, "
                      f"launch-bound {_num(lb.get('images_per_second'))} img/s (GPU busy {_pct(lb.get('gpu_busy_fraction'))}), "
                      f"device-bound {_num(db.get('images_per_second'))} img/s (GPU busy {_pct(db.get('gpu_busy_fraction'))}), "
-                     f"time to verdict {row['time_to_verdict_seconds']} s")
+                     f"time to verdict {row['time_to_verdict_seconds']} s, {datapath_text(row)}")
     failed = [f"{row['gpu']}: {row['status']} ({'; '.join(row['reasons'] or [])})" for row in rows if not row["passed"]]
     return {"status": "failed" if failed or p["rc"] != 0 else "passed", "reason": "; ".join(failed),
             "summary": "; ".join(parts), "data": {"host": host["root"], "command": cmd_summary(p), "results": rows}}
@@ -781,6 +817,93 @@ def step_fingerprint(ctx: dict[str, Any], r: Runner) -> dict[str, Any]:
             "data": {"host": host["root"], "runs_per_load": n, "busy_loops": os.cpu_count(), "all_equal": equal,
                      "notes": notes,
                      "fingerprints": {k: sorted(str(x) for x in v) for k, v in by_gpu.items()}, "runs": runs}}
+
+
+def _cache_folder(host: dict[str, Any]) -> Path:
+    return Path(host["root"]) / "var/lib/gpu-tune/xla-cache"
+
+
+def step_verdict(ctx: dict[str, Any], r: Runner) -> dict[str, Any]:
+    """Time to verdict, cold and warm, idle and busy, and once without the compilation cache
+    (:data:`VERDICT_PLAN`, the first ``--verdict-runs``): a run is not started when what is left of
+    the step's time is less than the longest run so far, plus a margin."""
+    host = host_for(ctx, "run")
+    plan = VERDICT_PLAN[:int(ctx["verdict_runs"])]
+    runs: list[dict[str, Any]] = []
+    notes: list[str] = []
+    for cache, load in plan:
+        if runs and r.left() < max(x["seconds"] for x in runs) * 1.3 + 10:
+            notes.append(f"stopped after {len(runs)} of {len(plan)} runs: {r.left():.0f} s of the step's time left")
+            say(f"    {notes[-1]}")
+            break
+        if cache == "cold":
+            shutil.rmtree(_cache_folder(host), ignore_errors=True)
+        loops: list[subprocess.Popen] = []
+        try:
+            if load == "busy":
+                loops = busy_loops(os.cpu_count() or 1)
+                time.sleep(1.0)
+            la = loadavg()
+            p = run_probe(ctx, r, host, *(["--no-compile-cache"] if cache == "none" else []))
+        finally:
+            for lp in loops:
+                lp.kill()
+            for lp in loops:
+                lp.wait()
+        rows = probe_rows(p["json"])
+        runs.append({"cache": cache, "load": load, "busy_loops": len(loops), "loadavg_before": la, "rc": p["rc"],
+                     "seconds": p["seconds"],
+                     "gpus": [{"gpu": row["gpu"], "status": row["status"], "fingerprint": row["fingerprint"],
+                               "time_to_verdict_seconds": row["time_to_verdict_seconds"], "timings": row["timings"],
+                               "compile_cache": (row.get("compile_cache") or {}).get("status"),
+                               "device_bound_busy": (row["regimes"].get("device_bound") or {}).get("gpu_busy_fraction"),
+                               "device_bound_busy_all": (row["regimes"].get("device_bound") or {}).get(
+                                   "gpu_busy_fraction_all"),
+                               "datapath": datapath_text(row)} for row in rows],
+                     **({"stderr_tail": tail(p["stderr"], 4), "why": why(p)} if not rows else {})})
+        say(f"    {cache} cache, {load}: " + (", ".join(
+            f"{g['gpu']} {g['time_to_verdict_seconds']} s (cache {g['compile_cache']}, fingerprint {g['fingerprint']})"
+            for g in runs[-1]["gpus"]) or f"no result ({why(p)})"))
+    fps: dict[str, set] = {}
+    for run in runs:
+        for g in run["gpus"]:
+            fps.setdefault(str(g["gpu"]), set()).add(g["fingerprint"])
+    missing = [f"{x['cache']}/{x['load']}" for x in runs if not x["gpus"]]
+    failed = [f"{x['cache']}/{x['load']} GPU {g['gpu']}: {g['status']}" for x in runs for g in x["gpus"]
+              if g["status"] != "passed"]
+    equal = bool(fps) and all(len(v) == 1 and None not in v for v in fps.values())
+    not_warm = [f"GPU {g['gpu']}: {g['compile_cache']}" for x in runs if x["cache"] == "warm" for g in x["gpus"]
+                if g["compile_cache"] not in ("warm", "off")]
+
+    def med(cache: str, load: str) -> float | None:
+        ts = sorted(g["time_to_verdict_seconds"] for x in runs if (x["cache"], x["load"]) == (cache, load)
+                    for g in x["gpus"] if isinstance(g["time_to_verdict_seconds"], (int, float)))
+        return ts[len(ts) // 2] if ts else None
+
+    figures = {f"{c}_{l}": med(c, l) for c, l in VERDICT_PLAN}
+    goals = []
+    if ctx["device"] == "gpu":
+        for key, goal in (("warm_idle", GOAL_WARM_IDLE_S), ("warm_busy", GOAL_WARM_BUSY_S)):
+            if figures[key] is not None:
+                goals.append(f"{key.replace('_', ' ')} {figures[key]} s (goal < {goal:g} s: "
+                             f"{'met' if figures[key] < goal else 'MISSED'})")
+    summary = ("time to verdict: " + ", ".join(f"{k.replace('_', ' ')} {v} s" for k, v in figures.items() if v is not None)
+               + (f"; {'; '.join(goals)}" if goals else "")
+               + f"; fingerprints {'all equal' if equal else 'NOT all equal'} with and without the cache"
+               + "".join(f"; {g['datapath']}" for g in (runs[-1]["gpus"] if runs else [])[:1]))
+    reasons = []
+    if missing:
+        reasons.append(f"no result from {', '.join(missing)}")
+    if failed:
+        reasons.append("; ".join(failed))
+    if not equal and fps:
+        reasons.append("fingerprints differ: " + "; ".join(f"{k}: {sorted(str(x) for x in v)}" for k, v in fps.items()))
+    if not_warm:
+        reasons.append(f"a warm run compiled: {', '.join(not_warm)}")
+    return {"status": "failed" if reasons or not runs else "passed", "reason": "; ".join(reasons), "summary": summary,
+            "data": {"host": host["root"], "plan": [list(x) for x in plan], "runs": runs, "notes": notes,
+                     "time_to_verdict": figures, "fingerprints": {k: sorted(str(x) for x in v) for k, v in fps.items()},
+                     "all_equal": equal}}
 
 
 def step_gain(ctx: dict[str, Any], r: Runner) -> dict[str, Any]:
@@ -1010,6 +1133,7 @@ def step_torch(ctx: dict[str, Any], r: Runner) -> dict[str, Any]:
 STEP_FUNCS: dict[str, Callable[[dict[str, Any], Runner], dict[str, Any]]] = {
     "environment": step_environment, "topology": step_topology, "health": step_health, "tuning": step_tuning, "probe": step_probe,
     "fingerprint": step_fingerprint, "gain": step_gain, "serve": step_serve, "torch": step_torch,
+    "verdict": step_verdict,
 }
 
 
@@ -1103,6 +1227,7 @@ def run_all(a: argparse.Namespace) -> int:
         "gpu_tune": [sys.executable, "-m", "gpu_tune"], "probe_timeout": a.probe_timeout,
         "fingerprint_runs": a.fingerprint_runs, "gain_pairs": a.gain_pairs, "gain_window": a.gain_window,
         "serve_requests": a.serve_requests, "serve_probe_wait": a.serve_probe_wait, "torch_seconds": a.torch_seconds,
+        "verdict_runs": a.verdict_runs,
     }
     commit = commit_info()
     emit(f"gpu_proof: device {a.device}, steps {', '.join(steps)}, budget {a.budget:g} s, out {out}, "
@@ -1120,7 +1245,7 @@ def run_all(a: argparse.Namespace) -> int:
                       "budget_seconds": a.budget, "seconds": round(time.monotonic() - t_start, 1),
                       "options": {k: ctx_base[k] for k in ("probe_timeout", "fingerprint_runs", "gain_pairs",
                                                            "gain_window", "serve_requests", "serve_probe_wait",
-                                                           "torch_seconds", "data")}}],
+                                                           "torch_seconds", "verdict_runs", "data")}}],
             "steps": dict(results),
         }
         write_report(report, out)
@@ -1139,6 +1264,8 @@ def run_all(a: argparse.Namespace) -> int:
         expect = EXPECT[a.device][name]
         if name == "fingerprint":
             expect = int(expect * a.fingerprint_runs / 3) if a.device == "gpu" else expect
+        if name == "verdict":
+            expect = int(expect * a.verdict_runs / len(VERDICT_PLAN))
         if left < expect:
             results[name] = {"status": "not_run", "reason": f"not started: {left:.0f} s of the --budget left, the step "
                                                           f"needs about {expect} s; run it in another call (--steps {name})",
@@ -1328,7 +1455,25 @@ def render_markdown(report: dict[str, Any]) -> str:
             L.append("")
             L.append(f"{row['gpu']}: {row['status']}, accuracy {row['accuracy']}, fingerprint `{row['fingerprint']}`, "
                      f"time to verdict {row['time_to_verdict_seconds']} s ({parts}); inference images/s "
-                     f"{row.get('inference_images_per_second')}; peer group `{row.get('peer_group')}`.")
+                     f"{row.get('inference_images_per_second')}; peer group `{row.get('peer_group')}`; "
+                     f"{datapath_text(row)}.")
+    vd = steps.get("verdict") or {}
+    if (vd.get("data") or {}).get("runs"):
+        L += ["", "Time to verdict, with the compilation cache cold (emptied first), warm and off:", "",
+              "| cache | load | busy loops | GPU: time to verdict (cache state, compile seconds, device-bound GPU busy "
+              "settled / all samples) | fingerprint |", "| --- | --- | --- | --- | --- |"]
+        for run in vd["data"]["runs"]:
+            cells = []
+            for g in run["gpus"]:
+                t = g.get("timings") or {}
+                comp = sum(v for k, v in t.items() if k.endswith("_compile_seconds") and isinstance(v, (int, float)))
+                cells.append(f"{g['gpu']}: {g['time_to_verdict_seconds']} s ({g['compile_cache']}, compile {comp:.1f} s, "
+                             f"busy {_pct(g.get('device_bound_busy'))} / {_pct(g.get('device_bound_busy_all'))})")
+            fps = ", ".join(f"`{g['fingerprint']}`" for g in run["gpus"])
+            L.append(f"| {run['cache']} | {run['load']} | {run['busy_loops']} | {'; '.join(cells) or 'no result'} | {fps} |")
+        L.append("")
+        L.append(f"All fingerprints equal with and without the cache: **{'yes' if vd['data'].get('all_equal') else 'no'}**."
+                 + "".join(f" {n}." for n in vd["data"].get("notes") or []))
     fp = steps.get("fingerprint") or {}
     if (fp.get("data") or {}).get("runs"):
         L += ["", "Fingerprint, idle and with every CPU busy:", "",
@@ -1402,6 +1547,8 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--serve-requests", type=int, default=300)
     ap.add_argument("--serve-probe-wait", type=float, default=120.0, help="seconds to wait for the agent's first probe")
     ap.add_argument("--torch-seconds", type=float, default=3.0)
+    ap.add_argument("--verdict-runs", type=int, default=len(VERDICT_PLAN),
+                    help="runs of the verdict step, the first N of: " + ", ".join(f"{c} {l}" for c, l in VERDICT_PLAN))
     ap.add_argument("--limit", action="append", default=[], metavar="STEP=S",
                     help="hard time limit of a step in seconds (repeatable) [default: " +
                          ", ".join(f"{k} {v}" for k, v in LIMIT.items()) + "]")
@@ -1433,6 +1580,8 @@ def main(argv: list[str] | None = None) -> int:
             ap.error(f"--limit {item}: expected one of {', '.join(STEPS)} and a positive number of seconds")
     if a.fingerprint_runs < 1 or a.gain_pairs < 1 or a.serve_requests < 1:
         ap.error("--fingerprint-runs, --gain-pairs and --serve-requests must be at least 1")
+    if not 1 <= a.verdict_runs <= len(VERDICT_PLAN):
+        ap.error(f"--verdict-runs {a.verdict_runs}: expected 1..{len(VERDICT_PLAN)}")
     return run_all(a)
 
 

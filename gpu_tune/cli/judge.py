@@ -29,8 +29,13 @@ def probe_cmd(
     device: Annotated[Device, typer.Option("--device", case_sensitive=False, help="auto, gpu or cpu")] = Device.auto,
     data: Annotated[Optional[str], typer.Option("--data", metavar="PATH", help="MNIST .npz or IDX folder")] = None,
     timeout: Annotated[Optional[float], typer.Option("--timeout", metavar="S", min=1.0, help="Hard timeout per probe, seconds")] = None,
+    compile_cache: Annotated[Optional[bool], typer.Option(
+        "--compile-cache/--no-compile-cache",
+        help="Use the persistent XLA compilation cache in /var/lib/gpu-tune/xla-cache [default: the profile's "
+             "probe.compile_cache]")] = None,
 ) -> int:
     from gpu_tune.judge import probe as probe_mod
+    from gpu_tune.judge.probe.cache import cache_folder
     from gpu_tune.discover.topology import discover
 
     _check_gpu_and_data(gpu, data)
@@ -40,8 +45,14 @@ def probe_cmd(
     topo = discover(fs, backend)
     targets = probe_mod.plan_targets(topo, prof, backend, gpu=gpu, device=device.value)
     baselines = probe_mod.load_baselines(g.policy_dir)
-    verdicts = probe_mod.run_probes(targets, prof.probe, baselines, data=data, timeout=timeout,
-                                    device=device.value, previous=None, gpu_backend=backend)
+    policy = prof.probe if compile_cache is None else prof.probe.model_copy(update={"compile_cache": compile_cache})
+    folder = None
+    if policy.compile_cache:
+        folder, why_not = cache_folder(fs)
+        if why_not:
+            log.warning("%s", why_not)
+    verdicts = probe_mod.run_probes(targets, policy, baselines, data=data, timeout=timeout,
+                                    device=device.value, previous=None, gpu_backend=backend, compile_cache=folder)
     passed = bool(verdicts) and all(v.passed for v in verdicts)
     from gpu_tune.judge.probe.saved import save_probe_results
 

@@ -46,7 +46,10 @@ wrote; stale ones are removed on the next publish, others' labels are never touc
 ``failing`` the failing fatal readiness checks with their detail, the most urgent first (readings that move from pass to
 pass, a GPU's utilization or temperature, are left out of it); ``warnings`` (only when some fail)
 the names of the failing warning checks; ``probe`` one entry per probe target: its
-status, the accuracy and fingerprint of the deterministic run; ``gain`` (only when the agent
+status, the accuracy and fingerprint of the deterministic run and, for a GPU, ``datapath``: the
+verdict on its host<->GPU and memory bandwidth (``ok``, ``below floor``, ``not judged`` without a
+floor for the model, ``not measured``; the figures move from run to run and stay in the metrics
+and ``/probe``); ``gain`` (only when the agent
 measured it at its start) the node's ``gpu-tune gain`` verdict with the images/s ratio of its
 median target and that ratio's 95 % interval, rounded to two decimals (``{"verdict": "gain",
 "ratio": 1.05, "ci95": [1.02, 1.08]}``; no ratio when there is no interval): measured once per
@@ -349,6 +352,8 @@ def node_summary(*, audit: Mapping[str, Any] | None, checks: Iterable[Any] | Non
         ident = probe_identity(res)
         if ident is not None:
             entry["fingerprint"], entry["peer_group"] = ident
+        if isinstance(p.get("datapath"), str):  # the data path's verdict words, not its figures
+            entry["datapath"] = p["datapath"]
         probe[str(p.get("gpu", "?"))] = entry
     doc["probe"] = probe
     g = gain_summary(gain)

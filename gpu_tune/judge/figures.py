@@ -6,7 +6,9 @@ string, equal on healthy peers) and ``peer_group`` (GPU model and software versi
 (``launch_bound``: small batches, the host's share; ``device_bound``: large batches with the data
 on the GPU) ``images_per_second`` and ``gpu_busy_fraction`` (0..1). A result saved by an older probe
 has only ``train_images_per_second``: it stands for the launch-bound regime. The probe's judge
-reads the regimes through :func:`regimes` too.
+reads the regimes through :func:`regimes` too. The data path: ``bandwidth`` (host<->GPU, from the
+GPU's own NUMA node and from a remote one) and ``memory_bandwidth`` (the GPU's), read through
+:func:`host_bandwidth` and :func:`memory_bandwidth`.
 """
 
 from __future__ import annotations
@@ -69,3 +71,43 @@ def identity(result: Mapping[str, Any]) -> tuple[str, str] | None:
         return None
     pg = result.get("peer_group")
     return fp.strip(), (pg.strip()[:MAX_PEER_GROUP] if isinstance(pg, str) else "")
+
+
+BANDWIDTH_SIDES = ("local", "remote")
+BANDWIDTH_DIRECTIONS = ("h2d", "d2h")
+
+
+def host_bandwidth(result: Mapping[str, Any]) -> dict[tuple[str, str], float]:
+    """``{(side, direction): bytes/s}`` of the result's host<->GPU bandwidth: ``side`` ``local``
+    (host memory on the GPU's NUMA node) or ``remote``, ``direction`` ``h2d`` or ``d2h``; measured,
+    positive figures only."""
+    bw = result.get("bandwidth")
+    if not isinstance(bw, Mapping) or bw.get("status") != "measured":
+        return {}
+    out = {}
+    for side in BANDWIDTH_SIDES:
+        s = bw.get(side)
+        if not isinstance(s, Mapping) or s.get("status") != "measured":
+            continue
+        for d in BANDWIDTH_DIRECTIONS:
+            fig = s.get(d)
+            v = number(fig.get("bytes_per_second")) if isinstance(fig, Mapping) else None
+            if v is not None and v > 0:
+                out[(side, d)] = v
+    return out
+
+
+def memory_bandwidth(result: Mapping[str, Any]) -> float | None:
+    """The GPU's memory bandwidth in bytes/s (device-to-device copies, read + write), if measured."""
+    mem = result.get("memory_bandwidth")
+    if not isinstance(mem, Mapping) or mem.get("status") != "measured":
+        return None
+    v = number(mem.get("bytes_per_second"))
+    return v if v is not None and v > 0 else None
+
+
+def numa_node_of(result: Mapping[str, Any], side: str) -> int | None:
+    bw = result.get("bandwidth")
+    s = bw.get(side) if isinstance(bw, Mapping) else None
+    n = s.get("numa_node") if isinstance(s, Mapping) else None
+    return n if isinstance(n, int) and not isinstance(n, bool) else None

@@ -12,8 +12,8 @@ each would be ~1,250 series per node, ~1.25 M for a 1,000-node fleet. ``gpu-tune
 --metrics-detail`` (the snapshot's ``metrics_detail``) adds what a node being debugged needs and a
 fleet does not: the per-target series ``gpu_tune_setting_target_compliant{id,target}``, the loop's
 ``gpu_tune_collector_success`` / ``gpu_tune_collector_duration_seconds`` per stage (a failing
-stage already fails a readiness check that names it), and the launch-bound GPU busy ratio. The
-default is 150 series on an 8-GPU, 224-CPU node.
+stage already fails a readiness check that names it), the launch-bound GPU busy ratio, the
+remote-node bandwidth and the probe's phases. The default is 174 series on an 8-GPU, 224-CPU node.
 
 Per-GPU series carry dcgm-exporter's label names (``gpu``, ``UUID``, ``pci_bus_id``,
 ``modelName``, ``Hostname``) plus ``numa_node``, with dcgm-exporter's value formats: ``gpu`` is
@@ -27,7 +27,12 @@ batches: measures the host) and ``device_bound`` (measures the GPU), and ``.gpu_
 of the device-bound regime (where a healthy GPU is at least 90 % busy; the launch-bound one with
 ``--metrics-detail``). A
 result without ``regimes`` (saved by an older probe) gives its ``train_images_per_second`` as
-``regime="launch_bound"``.
+``regime="launch_bound"``. The GPU's data path: ``gpu_tune_probe_h2d_bytes_per_second`` and
+``gpu_tune_probe_d2h_bytes_per_second`` with ``numa="local"`` (pinned host memory on the GPU's
+own NUMA node, what the probe judges) and, with ``--metrics-detail``, ``numa="remote"`` (a remote
+node's memory, where the machine has one); ``gpu_tune_probe_memory_bandwidth_bytes_per_second``
+(device-to-device copies, read + write). With ``--metrics-detail`` also the seconds of each phase
+of the probe (``gpu_tune_probe_phase_seconds{phase}``, a fixed list of phases).
 
 Tuning gain (``gpu-tune gain``, measured once per agent start in enforce mode when the profile
 sets ``gain.measure_on_start``): ``gpu_tune_tuning_gain_ratio{gpu,regime,measure}`` (tuned /
@@ -47,6 +52,7 @@ from prometheus_client.core import GaugeMetricFamily
 from prometheus_client.registry import Collector
 
 from gpu_tune import __version__
+from gpu_tune.judge.figures import host_bandwidth, memory_bandwidth
 from gpu_tune.judge.figures import identity as probe_identity
 from gpu_tune.judge.figures import number as _num
 from gpu_tune.judge.figures import result_of
@@ -76,6 +82,10 @@ GPU_LABELS = ("gpu", "UUID", "pci_bus_id", "modelName", "Hostname", "numa_node")
 STATUSES = ("ok", "drift", "conflict", "error", "unsupported")
 NONCOMPLIANT = ("drift", "conflict", "error")
 GAIN_MEASURES = ("images_per_second", "jitter_p99_over_p50")  # exported; all four are in GET /gain
+# The probe's phases exported with --metrics-detail (the workload's timings, "<phase>_seconds").
+PROBE_PHASES = ("process_start", "data_load", "tensorflow_import", "bandwidth", "bandwidth_wait", "device_setup",
+                "launch_bound_compile", "launch_bound_window", "device_bound_compile", "device_bound_window",
+                "inference", "correctness_train", "evaluate", "total")
 
 FAMILIES: dict[str, tuple[str, tuple[str, ...]]] = {
     "gpu_tune_build_info": ("gpu-tune build information (always 1)", ("version",)),
@@ -95,6 +105,16 @@ FAMILIES: dict[str, tuple[str, tuple[str, ...]]] = {
                                                GPU_LABELS + ("regime",)),
     "gpu_tune_probe_gpu_busy_ratio": ("Fraction of the training window the GPU was busy (0..1) per regime",
                                       GPU_LABELS + ("regime",)),
+    "gpu_tune_probe_h2d_bytes_per_second": ("Host-to-GPU copy bandwidth of the latest probe: pinned host memory on "
+                                            "the GPU's own NUMA node (numa=local) or on a remote one (numa=remote, "
+                                            "only with serve --metrics-detail)", GPU_LABELS + ("numa",)),
+    "gpu_tune_probe_d2h_bytes_per_second": ("GPU-to-host copy bandwidth of the latest probe: pinned host memory on "
+                                            "the GPU's own NUMA node (numa=local) or on a remote one (numa=remote, "
+                                            "only with serve --metrics-detail)", GPU_LABELS + ("numa",)),
+    "gpu_tune_probe_memory_bandwidth_bytes_per_second": ("GPU memory bandwidth of the latest probe: device-to-device "
+                                                         "copies, bytes read + bytes written", GPU_LABELS),
+    "gpu_tune_probe_phase_seconds": ("Seconds of each phase of the latest probe (only with serve --metrics-detail)",
+                                     GPU_LABELS + ("phase",)),
     "gpu_tune_probe_duration_seconds": ("Wall time of the latest MNIST probe", GPU_LABELS),
     "gpu_tune_probe_last_success_timestamp_seconds": ("Unix time the probe last passed", GPU_LABELS),
     "gpu_tune_gpu_numa_node": ("NUMA node the GPU is attached to (-1 when the firmware gives none)", GPU_LABELS),
@@ -257,6 +277,10 @@ class SnapshotCollector(Collector):
         busy = self._fam("gpu_tune_probe_gpu_busy_ratio")
         dur = self._fam("gpu_tune_probe_duration_seconds")
         last = self._fam("gpu_tune_probe_last_success_timestamp_seconds")
+        h2d = self._fam("gpu_tune_probe_h2d_bytes_per_second")
+        d2h = self._fam("gpu_tune_probe_d2h_bytes_per_second")
+        mem = self._fam("gpu_tune_probe_memory_bandwidth_bytes_per_second")
+        phases = self._fam("gpu_tune_probe_phase_seconds")
         for p in snap.probes:
             lv = self._probe_labels(snap, labels_by_gpu, str(p.get("gpu", "")))
             res = result_of(p)
@@ -272,9 +296,20 @@ class SnapshotCollector(Collector):
                     busy.add_metric(lv + [regime], vals["gpu_busy_fraction"])
             if _num(p.get("duration_seconds")) is not None:
                 dur.add_metric(lv, _num(p["duration_seconds"]))
+            for (side, direction), v in host_bandwidth(res).items():
+                if side == "local" or snap.metrics_detail:
+                    (h2d if direction == "h2d" else d2h).add_metric(lv + [side], v)
+            if memory_bandwidth(res) is not None:
+                mem.add_metric(lv, memory_bandwidth(res))
+            timings = res.get("timings") if isinstance(res.get("timings"), Mapping) else {}
+            for phase in PROBE_PHASES if snap.metrics_detail else ():
+                if _num(timings.get(f"{phase}_seconds")) is not None:
+                    phases.add_metric(lv + [phase], _num(timings[f"{phase}_seconds"]))
         for gpu, ts in sorted(snap.probe_last_success.items()):
             last.add_metric(self._probe_labels(snap, labels_by_gpu, gpu), float(ts))
-        yield from (acc, ident, ips, busy, dur, last)
+        yield from (acc, ident, ips, busy, h2d, d2h, mem, dur, last)
+        if snap.metrics_detail:
+            yield phases
 
         numa = self._fam("gpu_tune_gpu_numa_node")
         gen = self._fam("gpu_tune_gpu_pcie_link_generation")

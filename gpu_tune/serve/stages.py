@@ -145,9 +145,14 @@ def default_stages(options: ServeOptions) -> Stages:
             prev: Any = {**saved, **{str(k): v for k, v in (previous or {}).items()}}
         else:
             prev = previous
+        from gpu_tune.judge.probe.cache import cache_folder
+
+        folder, why_not = cache_folder(fs) if profile.probe.compile_cache else (None, None)
+        if why_not:
+            log.warning("%s", why_not)
         verdicts = _probe.run_probes(targets, profile.probe, baselines_cache["b"], data=options.probe_data,
                                      timeout=None, device=options.probe_device, previous=prev or None,
-                                     gpu_backend=backend)
+                                     gpu_backend=backend, compile_cache=folder)
         from gpu_tune.judge.probe.run import stopping
 
         if stopping():  # killed by SIGTERM: not a verdict on the node, never saved

@@ -268,6 +268,13 @@ class ProbePolicy(_Strict):
     batch_size: int = Field(256, ge=1, le=65536)
     device_batch_size: int | None = Field(None, ge=1, le=262144)
     window_seconds: float | None = Field(None, gt=0, le=600)
+    # A GPU's data path: host<->GPU bandwidth (pinned copies of this many MiB, from the GPU's NUMA
+    # node and from a remote one) and its memory bandwidth, judged against the model's floors.
+    bandwidth: bool = True
+    bandwidth_size_mib: int = Field(256, ge=16, le=4096)
+    # The persistent XLA compilation cache in the agent's state folder (/var/lib/gpu-tune/xla-cache):
+    # a probe after the first compiles nothing.
+    compile_cache: bool = True
 
     @model_validator(mode="before")
     @classmethod

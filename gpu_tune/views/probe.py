@@ -4,6 +4,7 @@ from __future__ import annotations
 
 from typing import Any, Sequence
 
+from gpu_tune.judge.figures import host_bandwidth, memory_bandwidth, numa_node_of
 from gpu_tune.judge.probe.baselines import REGIME_WORDS
 from gpu_tune.judge.probe.judge import regime_figures
 from gpu_tune.judge.probe.run import ProbeVerdict
@@ -35,6 +36,32 @@ def _timings_line(r: dict[str, Any]) -> str | None:
         return None
     head = f"{total:.1f} s to verdict: " if isinstance(total, (int, float)) else ""
     return head + ", ".join(parts)
+
+
+def _datapath_line(r: dict[str, Any]) -> str | None:
+    """Host<->GPU bandwidth per side (local, remote) and direction, or why it was not measured."""
+    bw = r.get("bandwidth")
+    if not isinstance(bw, dict):
+        return None
+    if bw.get("status") != "measured":
+        return str(bw.get("reason") or bw.get("status"))
+    figs = host_bandwidth(r)
+    parts = []
+    for side in ("local", "remote"):
+        h2d, d2h = figs.get((side, "h2d")), figs.get((side, "d2h"))
+        node = numa_node_of(r, side)
+        where = f"{side} (node {node})" if node is not None else side
+        if h2d is None and d2h is None:
+            why = (bw.get(side) or {}).get("reason")
+            if side == "remote" and why:
+                parts.append(f"{side}: {why}")
+            continue
+        parts.append(f"{where}: to the GPU {h2d / 1e9:.1f} GB/s, from it {d2h / 1e9:.1f} GB/s"
+                     if h2d is not None and d2h is not None else f"{where}: incomplete")
+    took = (r.get("timings") or {}).get("bandwidth_seconds")
+    if isinstance(took, (int, float)):
+        parts.append(f"measured in {took:.1f} s, while TensorFlow imported")
+    return "; ".join(parts)
 
 
 def render_probe_table(verdicts: Sequence[ProbeVerdict]):
@@ -73,8 +100,17 @@ def render_probe_table(verdicts: Sequence[ProbeVerdict]):
         if infer:
             t.add_row("inference", _m(", ".join(f"batch {b}: {x:,.0f}/s" for b, x in infer.items()
                                                 if isinstance(x, (int, float)))))
+        path = _datapath_line(r)
+        if path:
+            t.add_row("host<->GPU", _m(path))
+        mem = memory_bandwidth(r)
+        if mem is not None:
+            t.add_row("GPU memory", _m(f"{mem / 1e9:,.0f} GB/s (device-to-device copies, read + write)"))
         timing = _timings_line(r)
         if timing:
+            cc = r.get("compile_cache") or {}
+            if cc.get("status") not in (None, "off"):
+                timing += f"; compilation cache {cc['status']}"
             t.add_row("seconds", _m(timing))
         if host:
             binding = f"CPUs {host.get('cpu_affinity')}, memory nodes {host.get('mems_allowed')}, " \

@@ -1,7 +1,8 @@
-"""Facts the probe reads about its own process, and the NVML sampler.
+"""Facts the probe reads about its own process and CPU, and the NVML sampler.
 
-These read ``/proc/self/...`` of the probe process itself (not the host tree): they prove from
-inside what CPU affinity, memory policy and allocator the workload really ran with.
+These read ``/proc/self/...`` of the probe process itself and the CPU it runs on (not the host
+tree): they prove from inside what CPU affinity, memory policy and allocator the workload really
+ran with.
 """
 
 from __future__ import annotations
@@ -48,6 +49,48 @@ def peak_rss_mib() -> float:
     return round(resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024.0, 1)
 
 
+def cpuinfo_field(key: str) -> str | None:
+    for line in (_read("/proc/cpuinfo") or "").splitlines():
+        if line.startswith(key):
+            return line.split(":", 1)[1].strip()
+    return None
+
+
+def cpu_has_bf16() -> bool:
+    flags = set((cpuinfo_field("flags") or "").split())
+    return bool(flags & {"avx512_bf16", "amx_bf16"})
+
+
+def cpu_name() -> str:
+    return cpuinfo_field("model name") or "CPU"
+
+
+def nvml_identity() -> tuple[str, str] | None:
+    """(GPU model, driver version) of the GPU that ``CUDA_VISIBLE_DEVICES`` names first, through
+    NVML, without TensorFlow; None where NVML or that GPU is not there."""
+    try:
+        import pynvml  # nvidia-ml-py
+
+        pynvml.nvmlInit()
+    except Exception:
+        return None
+    try:
+        visible = os.environ.get("CUDA_VISIBLE_DEVICES", "").split(",")[0].strip()
+        if visible.startswith(("GPU-", "MIG-")):
+            h = pynvml.nvmlDeviceGetHandleByUUID(visible)
+        else:
+            h = pynvml.nvmlDeviceGetHandleByIndex(int(visible) if visible.isdigit() else 0)
+        name, driver = pynvml.nvmlDeviceGetName(h), pynvml.nvmlSystemGetDriverVersion()
+        return tuple(v.decode() if isinstance(v, bytes) else str(v) for v in (name, driver))  # type: ignore[return-value]
+    except Exception:
+        return None
+    finally:
+        try:
+            pynvml.nvmlShutdown()
+        except Exception:
+            pass
+
+
 def process_facts() -> dict[str, Any]:
     return {
         "peak_rss_mib": peak_rss_mib(),
@@ -57,6 +100,11 @@ def process_facts() -> dict[str, Any]:
         "jemalloc_mapped": jemalloc_mapped(_read("/proc/self/maps")),
         "ld_preload": os.environ.get("LD_PRELOAD", ""),
     }
+
+
+# The longest sample period of NVML's utilization ("between 1 second and 1/6 second depending on
+# the product", nvmlDeviceGetUtilizationRates).
+NVML_PERIOD_S = 1.0
 
 
 class NvmlSampler:
@@ -139,17 +187,30 @@ class NvmlSampler:
         return v.decode() if isinstance(v, bytes) else str(v)
 
     def window(self, window: tuple[float, float] | None) -> dict[str, Any]:
-        """Utilization during one timed window: ``gpu_busy_fraction`` is the mean of NVML's
-        utilization (the share of time a kernel ran) over the samples inside it, as 0..1."""
+        """Utilization during one timed window, as 0..1.
+
+        NVML's utilization is the share of time a kernel ran over its own past sample period,
+        up to :data:`NVML_PERIOD_S` long: a sample taken early in a window also covers what came
+        before it (the compilation, the GPU idle). ``gpu_busy_fraction`` is therefore the mean
+        over the samples taken at least that period after the window began (where there are
+        such samples), and ``gpu_busy_fraction_all`` the mean over every sample inside it. (An
+        H100 read 72-80 % with every sample of its 2 s window counted: what a GPU busy through
+        the whole window reads when a 1 s period lets the first second of samples average in the
+        idle compilation before it; docs/probe.md.)"""
         out: dict[str, Any] = {"gpu_busy_fraction": None, "gpu_samples": 0}
         if self.status == "unavailable" or window is None:
             return out
         inside = [s for s in list(self.samples) if window[0] <= s[0] <= window[1]]
-        out["gpu_samples"] = len(inside)
-        if inside:
-            utils = [s[1] for s in inside]
+        settled = [s for s in inside if s[0] >= window[0] + NVML_PERIOD_S]
+        counted = settled or inside
+        out["gpu_samples"] = len(counted)
+        if counted:
+            utils = [s[1] for s in counted]
             out["gpu_busy_fraction"] = round(sum(utils) / len(utils) / 100.0, 3)
-            out["gpu_utilization_percent_max"] = max(utils)
+            out["gpu_busy_settled"] = bool(settled)
+            out["gpu_busy_fraction_all"] = round(sum(s[1] for s in inside) / len(inside) / 100.0, 3)
+            out["gpu_samples_all"] = len(inside)
+            out["gpu_utilization_percent_max"] = max(s[1] for s in inside)
             out["gpu_memory_used_mib_max"] = round(max(s[2] for s in inside), 1)
         return out
 

@@ -7,7 +7,11 @@ asked-for device is absent or unused); non-zero on a crash.
 
 What it runs, in order (each phase timed in ``timings``):
 
-1. load MNIST with NumPy, import TensorFlow, put the data on the device;
+0. on a GPU, the data path (``gpu_tune.workload.datapath``): host<->GPU bandwidth from the GPU's
+   NUMA node (and from a remote one) and the GPU's memory bandwidth, in processes of their own
+   while TensorFlow imports;
+1. load MNIST with NumPy, import TensorFlow (with the persistent XLA compilation cache of
+   ``--compile-cache``), put the data on the device;
 2. the **launch-bound** window: training at ``--batch-size`` (256), whose short steps measure the
    host path that launches them (CPU frequency, NUMA binding, interrupts, allocator);
 3. the **device-bound** window: training at ``--device-batch-size`` (4,096 on a GPU, 1,024 on a
@@ -34,7 +38,9 @@ from typing import Any
 T_START = time.monotonic()
 
 from gpu_tune.workload import PROBE_VERSION  # noqa: E402
+from gpu_tune.workload import compile_cache  # noqa: E402
 from gpu_tune.workload import data as mnist_data  # noqa: E402  (NumPy only)
+from gpu_tune.workload import datapath  # noqa: E402
 from gpu_tune.workload.hostinfo import NvmlSampler, process_facts  # noqa: E402
 
 TARGET_IMAGES_PER_SECOND = 100_000  # the launch-bound goal for one H100
@@ -83,6 +89,15 @@ def _args(argv: list[str] | None) -> argparse.Namespace:
     p.add_argument("--xla", choices=("auto", "on", "off"), default="auto", help="auto: on for GPUs, off for CPUs")
     p.add_argument("--precision", choices=("auto", "float32", "bfloat16", "float16"), default="auto",
                    help="throughput windows' compute type (the correctness run is float32)")
+    p.add_argument("--compile-cache", default=None, metavar="DIR",
+                   help="persistent XLA compilation cache: a folder per TensorFlow, device and driver under DIR")
+    p.add_argument("--bandwidth", choices=("auto", "on", "off"), default="auto",
+                   help="measure host<->GPU and GPU memory bandwidth (auto: unless the device is the CPU)")
+    p.add_argument("--bandwidth-size-mib", type=int, default=256, help="bytes per timed copy, MiB")
+    p.add_argument("--bandwidth-samples", type=int, default=5, help="timed copies per direction (median)")
+    p.add_argument("--numa-node", type=int, default=None, help="the NUMA node this process is bound to (reported)")
+    p.add_argument("--remote-numa-node", type=int, default=None,
+                   help="also measure host<->GPU bandwidth with host memory on this NUMA node")
     a = p.parse_args(argv)
     checks = (
         ("--train-steps", a.train_steps, 1 <= a.train_steps <= 100_000, "1..100000"),
@@ -94,6 +109,10 @@ def _args(argv: list[str] | None) -> argparse.Namespace:
         ("--window-seconds", a.window_seconds, a.window_seconds is None or 0 < a.window_seconds <= 600,
          "0 < S <= 600"),
         ("--infer-seconds", a.infer_seconds, 0 < a.infer_seconds <= 60, "0 < S <= 60"),
+        ("--bandwidth-size-mib", a.bandwidth_size_mib, 16 <= a.bandwidth_size_mib <= 4096, "16..4096"),
+        ("--bandwidth-samples", a.bandwidth_samples, 3 <= a.bandwidth_samples <= 100, "3..100"),
+        ("--numa-node", a.numa_node, a.numa_node is None or a.numa_node >= 0, ">= 0"),
+        ("--remote-numa-node", a.remote_numa_node, a.remote_numa_node is None or a.remote_numa_node >= 0, ">= 0"),
     )
     for flag, value, ok, want in checks:
         if not ok:
@@ -148,6 +167,18 @@ def peer_group(device: dict[str, Any], software: dict[str, Any], driver: str | N
     return " | ".join(parts)
 
 
+def op_error_line(exc: BaseException) -> str:
+    """The line of a TensorFlow error that says what went wrong (not "Graph execution error:",
+    the traceback of where the op was defined, or the node's name)."""
+    text = str(getattr(exc, "message", None) or exc)
+    skip = ("Graph execution error", "Detected at node", "File ", "[[", "Traceback")
+    for line in text.splitlines():
+        line = line.strip()
+        if line and not line.startswith(skip):
+            return line
+    return type(exc).__name__
+
+
 def _round(d: dict[str, Any]) -> dict[str, Any]:
     return {k: (round(v, 4) if isinstance(v, float) else v) for k, v in d.items()}
 
@@ -166,12 +197,25 @@ def run(a: argparse.Namespace) -> dict[str, Any]:
     timings = res["timings"]
 
     def finish() -> dict[str, Any]:
+        if path is not None and "bandwidth" not in res:
+            res.update(path.result())
+        res["compile_cache"] = cache.summary() if cache is not None else {"status": "off", "reason": "not reached"}
         res["host"] = process_facts()
         res["time_to_verdict_seconds"] = round(_process_age_s(), 3)
         timings["total_seconds"] = res["time_to_verdict_seconds"]
         return res
 
+    path: datapath.DataPath | None = None
+    cache: compile_cache.CompileCache | None = None
     timings["process_start_seconds"] = round(_process_age_s(), 3)  # interpreter + NumPy
+    # The data path first, in processes of its own, while the data loads and TensorFlow imports.
+    if a.bandwidth == "on" or (a.bandwidth == "auto" and a.device != "cpu" and not a.launch_bound_only):
+        path = datapath.DataPath(size_mib=a.bandwidth_size_mib, samples=a.bandwidth_samples, local_node=a.numa_node,
+                                 remote_node=a.remote_numa_node).start()
+    else:
+        res["bandwidth"] = datapath.not_measured()
+        res["memory_bandwidth"] = datapath.not_measured()
+    cache = compile_cache.prepare(a.compile_cache, device=a.device, xla=a.xla)
     t = time.perf_counter()
     try:
         ds = mnist_data.load(a.data, seed=a.seed)
@@ -188,6 +232,11 @@ def run(a: argparse.Namespace) -> dict[str, Any]:
         res.update(error=str(exc), error_kind="dependency")
         return finish()
     timings["tensorflow_import_seconds"] = round(time.perf_counter() - t, 3)
+    if path is not None:
+        t = time.perf_counter()
+        res.update(path.result())
+        timings["bandwidth_seconds"] = round(path.seconds, 3)  # its own seconds, spent while TensorFlow imported
+        timings["bandwidth_wait_seconds"] = round(time.perf_counter() - t, 3)  # what the import did not hide
     res["software"] = tr.software()
     t = time.perf_counter()
     try:
@@ -214,12 +263,32 @@ def run(a: argparse.Namespace) -> dict[str, Any]:
     res["software"]["driver"] = driver
     try:
         windows = [("launch_bound", a.batch_size)] + ([] if a.launch_bound_only else [("device_bound", device_batch)])
+        # Both windows' trainers traced before either runs: their programs keep the same names from
+        # run to run, so the compilation cache finds them (train.Trainer.trace).
+        trainers, traced_s = {}, {}
+        for regime, bs in windows:
+            t = time.perf_counter()
+            trainers[regime] = tr.window_trainer(plan, data, batch_size=bs, seed=a.seed, lr=a.learning_rate)
+            traced_s[regime] = time.perf_counter() - t
         for regime, bs in windows:
             steps_timed = a.step_times and regime == "launch_bound"
             try:
+                trainer = trainers.pop(regime)
+                if trainer.precision != plan.precision:  # made before a fallback to float32 (below)
+                    trainer, traced_s[regime] = None, 0.0
                 w = tr.throughput_window(plan, data, batch_size=bs, seconds=window_s, seed=a.seed, lr=a.learning_rate,
-                                         step_times=steps_timed)
+                                         step_times=steps_timed, trainer=trainer)
+                w["compile_seconds"] += traced_s[regime]
             except tr.tf.errors.OpError as exc:
+                if plan.xla and cache.path is not None:
+                    # TensorFlow fails a compilation whose cached entry it cannot read or write
+                    # (a file cut short, a full disk) instead of compiling afresh: remove the
+                    # folder and let the agent run the probe again without the cache.
+                    cache.forget()
+                    first = op_error_line(exc)
+                    res.update(error=f"the XLA compilation with the persistent cache failed ({type(exc).__name__}: "
+                                     f"{first}); the cache folder {cache.path} was removed", error_kind="compile_cache")
+                    return finish()
                 if plan.kind != "cpu" or plan.precision == "float32":
                     raise
                 # A CPU whose flags promise bfloat16 that its kernels cannot use (a capped oneDNN

@@ -34,6 +34,8 @@ os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
 
 import numpy as np  # noqa: E402
 
+from gpu_tune.workload.hostinfo import cpu_has_bf16, cpu_name  # noqa: E402
+
 NOT_INSTALLED = ("TensorFlow is not installed in this environment: install `gpu-tune[gpu]` (GPU) "
                  "or `gpu-tune[probe]` (CPU)")
 
@@ -43,14 +45,18 @@ class TensorFlowMissing(ImportError):
 
 
 class _SkipKeras(importlib.abc.MetaPathFinder, importlib.abc.Loader):
-    """While TensorFlow imports, make ``keras`` look present but fail to load.
+    """While TensorFlow imports, make ``keras`` (and what only Keras code uses) look present but
+    fail to load.
 
     ``find_spec`` still answers with the real location (TensorFlow reads it to set up the lazy
     ``tf.keras`` alias), but loading raises ImportError, which TensorFlow's eager
-    ``import keras.src.optimizers`` catches. The probe never uses Keras.
+    ``import keras.src.optimizers`` catches. The probe never uses Keras. TensorFlow's own legacy
+    Keras (``tensorflow.python.keras``, imported by its feature columns) then tries ``h5py``,
+    ``scipy.sparse`` and ``pandas``, each inside ``try``/``except ImportError``: they are kept out
+    too (about 0.1 s of CPU time of the import here, more where their libraries are cold).
     """
 
-    NAMES = frozenset({"keras", "tf_keras"})
+    NAMES = frozenset({"keras", "tf_keras", "h5py", "scipy", "pandas"})
 
     def find_spec(self, name, path=None, target=None):
         if name not in self.NAMES:
@@ -191,26 +197,6 @@ def setup_device(requested: str, *, xla: bool | None = None, precision: str | No
                 precision or ("bfloat16" if cpu_has_bf16() else "float32"), threads)
 
 
-def _cpuinfo_field(key: str) -> str | None:
-    try:
-        with open("/proc/cpuinfo", encoding="ascii", errors="replace") as fh:
-            for line in fh:
-                if line.startswith(key):
-                    return line.split(":", 1)[1].strip()
-    except OSError:
-        pass
-    return None
-
-
-def cpu_has_bf16() -> bool:
-    flags = set((_cpuinfo_field("flags") or "").split())
-    return bool(flags & {"avx512_bf16", "amx_bf16"})
-
-
-def cpu_name() -> str:
-    return _cpuinfo_field("model name") or "CPU"
-
-
 def software() -> dict[str, Any]:
     """TensorFlow's version and the CUDA/cuDNN it was built for (None for a CPU build)."""
     info: dict[str, Any] = {}
@@ -285,6 +271,7 @@ class Trainer:
     def __init__(self, plan: Plan, data: DeviceData, batch_size: int, order: np.ndarray, *, seed: int,
                  lr: float, precision: str = "float32", xla: bool = False) -> None:
         self.batch_size = int(batch_size)
+        self.precision = precision
         dtype = DTYPES[precision]
         scale = FLOAT16_LOSS_SCALE if precision == "float16" else 1.0
         with tf.device(plan.device):
@@ -322,6 +309,17 @@ class Trainer:
             return loss
 
         self._chunk = chunk
+
+    def trace(self) -> None:
+        """Trace the training function now (no step runs).
+
+        TensorFlow names a traced function by a process-wide counter that every later call of a
+        ``tf.function`` advances; the persistent compilation cache finds an executable by that name
+        (it is in the program's signature and text). Tracing both windows' trainers before either
+        window runs gives their programs the same names in every run, whatever number of calls the
+        first window's timing made; otherwise the device-bound program got a new name, and a new
+        compilation, whenever that number changed."""
+        self._chunk.get_concrete_function(tf.TensorSpec([], tf.int32))
 
     def run(self, n: int) -> float:
         return float(self._chunk(tf.constant(int(n), tf.int32)).numpy())  # .numpy() waits for the device
@@ -390,9 +388,19 @@ def correctness_run(plan: Plan, data: DeviceData, *, steps: int, batch_size: int
     }
 
 
+def window_trainer(plan: Plan, data: DeviceData, *, batch_size: int, seed: int, lr: float) -> Trainer:
+    """The trainer of a throughput window at ``batch_size``, traced but not run (see
+    :meth:`Trainer.trace`)."""
+    n_train = int(data.x_train.shape[0])
+    order = np.random.default_rng(seed + 1).permutation(n_train)
+    trainer = Trainer(plan, data, batch_size, order, seed=seed, lr=lr, precision=plan.precision, xla=plan.xla)
+    trainer.trace()
+    return trainer
+
+
 def throughput_window(plan: Plan, data: DeviceData, *, batch_size: int, seconds: float, seed: int,
                       lr: float, min_steps: int = 3, call_seconds: float | None = None,
-                      step_times: bool = False) -> dict[str, Any]:
+                      step_times: bool = False, trainer: Trainer | None = None) -> dict[str, Any]:
     """Training images/s at ``batch_size`` in a timed window of about ``seconds``.
 
     The first call (tracing, XLA compilation) and one short sizing call are excluded; the window
@@ -401,12 +409,12 @@ def throughput_window(plan: Plan, data: DeviceData, *, batch_size: int, seconds:
 
     ``step_times``: one step per call, each timed to its result (launch, compute and the wait for
     it), reported as ``step_seconds`` (p50, p99, p99/p50, samples) and ``step_seconds_all``.
+    ``trainer``: one :func:`window_trainer` made earlier (its time is the caller's to count).
     """
-    n_train = int(data.x_train.shape[0])
-    order = np.random.default_rng(seed + 1).permutation(n_train)
     t0 = time.perf_counter()
-    trainer = Trainer(plan, data, batch_size, order, seed=seed, lr=lr, precision=plan.precision, xla=plan.xla)
-    trainer.run(2)  # trace + compile + first steps
+    if trainer is None:
+        trainer = window_trainer(plan, data, batch_size=batch_size, seed=seed, lr=lr)
+    trainer.run(2)  # (trace +) compile + first steps
     compile_s = time.perf_counter() - t0
     t1 = time.perf_counter()
     trainer.run(2)

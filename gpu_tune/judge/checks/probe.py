@@ -7,6 +7,7 @@ from __future__ import annotations
 from typing import Any, Mapping, Sequence
 
 from gpu_tune.judge.checks.base import Check, Facts, Family
+from gpu_tune.judge.figures import host_bandwidth
 
 HINTS = {"timeout": "the probe ran past its timeout: check the GPU for hangs and load",
          "crashed": "the probe process crashed: see the agent log",
@@ -54,6 +55,9 @@ class Probe(Family):
                     bits.append(f"accuracy {acc:.3f}")
                 if isinstance(ips, (int, float)):
                     bits.append(f"{ips:.0f} images/s")
+                bw = host_bandwidth(res) if isinstance(res, Mapping) else {}
+                if ("local", "h2d") in bw and ("local", "d2h") in bw:
+                    bits.append(f"host<->GPU {bw[('local', 'h2d')] / 1e9:.1f}/{bw[('local', 'd2h')] / 1e9:.1f} GB/s")
                 detail = "passed" + (f" ({', '.join(bits)})" if bits else "")
                 if status == "skipped":  # a busy GPU's previous verdict stands, or a MIG GPU not probed
                     detail = "skipped" + (f": {reasons}" if reasons else "") + (f"; previous run {detail}" if bits else "")

@@ -11,6 +11,12 @@ Per GPU model (matched by NVML name, else PCI device id) and optionally for CPU 
 - ``fingerprints``: the result fingerprint healthy peers compute, per peer group (the probe's
   ``peer_group``: device model, driver major version, TensorFlow, probe version and data). A probe
   in a pinned peer group with another fingerprint fails.
+- ``host_bandwidth.floor_gb_per_second``: the least host->GPU and GPU->host bandwidth (pinned
+  copies from the GPU's own NUMA node) a healthy GPU of the model measures; below it in either
+  direction the probe fails.
+- ``memory_bandwidth.baseline_gb_per_second``: the model's device-to-device copy bandwidth (read +
+  write); below ``fraction`` (0.75, DCGM's rule) of it the probe fails.
+  A model without these figures is measured and reported, not judged.
 """
 
 from __future__ import annotations
@@ -85,6 +91,25 @@ class HealthExpect(_Strict):
     source: str = ""
 
 
+class HostBandwidth(_Strict):
+    """Host<->GPU floor, GB/s (1e9 bytes/s), both directions."""
+
+    floor_gb_per_second: float = Field(gt=0)
+    source: str = ""
+
+
+class MemoryBandwidth(_Strict):
+    """The GPU's memory bandwidth baseline, GB/s, and the share of it a healthy GPU reaches."""
+
+    baseline_gb_per_second: float = Field(gt=0)
+    fraction: float = Field(0.75, gt=0, le=1)  # DCGM's memory-bandwidth rule: 0.75 x the SKU's figure
+    source: str = ""
+
+    @property
+    def floor_gb_per_second(self) -> float:
+        return self.fraction * self.baseline_gb_per_second
+
+
 class Baseline(_Strict):
     names: list[str] = Field(default_factory=list)
     expect: HealthExpect | None = None
@@ -96,6 +121,8 @@ class Baseline(_Strict):
     # on (an unmeasured number must not take a fleet's nodes out of service).
     measured: bool = True
     fingerprints: list[FingerprintPin] = Field(default_factory=list)
+    host_bandwidth: HostBandwidth | None = None
+    memory_bandwidth: MemoryBandwidth | None = None
 
     @model_validator(mode="before")
     @classmethod

@@ -3,8 +3,10 @@
 A result passes when the workload ran on the device asked for, its accuracy after the fixed
 amount of work reaches ``probe.accuracy_min``, each throughput regime reaches
 ``probe.throughput_fraction`` of its measured baseline (unmeasured targets and unknown models are
-reported, not judged), its fingerprint matches the one pinned for its peer group (if any), and the
-process ran with the NUMA binding and allocator it was given.
+reported, not judged), the GPU's data path reaches its model's floors (host<->GPU bandwidth from
+its own NUMA node in both directions; memory bandwidth at 0.75 x the model's baseline), its
+fingerprint matches the one pinned for its peer group (if any), and the process ran with the NUMA
+binding and allocator it was given.
 """
 
 from __future__ import annotations
@@ -14,11 +16,15 @@ from typing import Any, Mapping
 
 from gpu_tune.host.parse import ParseError, format_cpulist, parse_cpulist
 from gpu_tune.tune.profile import ProbePolicy
+from gpu_tune.judge.figures import host_bandwidth, memory_bandwidth, numa_node_of, regimes
 from gpu_tune.judge.figures import number as _num
-from gpu_tune.judge.figures import regimes
 from gpu_tune.judge.probe.baselines import REGIME_WORDS, REGIMES, Baseline, Baselines
 from gpu_tune.judge.probe.plan import ProbeTarget
 from gpu_tune.launch.runner import LOCAL_JEMALLOC_MISSING
+
+SLOW_LINK_MEANING = ("a PCIe link trained down to fewer lanes or a lower generation, a misconfigured PCIe switch, "
+                     "or host memory on the wrong socket")
+GB = 1e9
 
 SDC_MEANING = ("this device computes a different result than healthy peers: possible silent data "
                "corruption or a broken software stack; drain the node and run the GPU vendor's "
@@ -30,8 +36,12 @@ class Judgement:
     status: str  # passed | failed | error
     reasons: list[str] = field(default_factory=list)
     notes: list[str] = field(default_factory=list)
-    # Every reason is a throughput shortfall: worth a bounded retry (a noisy neighbour passes).
+    # Every reason is a throughput or bandwidth shortfall: worth a bounded retry (a noisy
+    # neighbour passes).
     throughput_only: bool = False
+    # The data path's verdict for the summary: "ok", "below floor", "not judged" (no floor for the
+    # model), "not measured"; None for a result without one (a CPU run, an older probe).
+    datapath: str | None = None
 
 
 def regime_figures(result: Mapping[str, Any]) -> dict[str, dict[str, Any]]:
@@ -54,7 +64,7 @@ def _throughput(result: Mapping[str, Any], base: Baseline | None, model: str,
     reasons: list[str] = []
     notes: list[str] = []
     figures = regime_figures(result)
-    if base is None:
+    if base is None or all(base.regime(r) is None for r in REGIMES):
         notes.append(f"no throughput baseline for {model!r}: measured and reported, not judged")
         return reasons, notes
     for regime in REGIMES:
@@ -79,6 +89,57 @@ def _throughput(result: Mapping[str, Any], base: Baseline | None, model: str,
             reasons.append(f"{word} training throughput {got:.0f} images/s{at} is below {need:.0f} "
                            f"({policy.throughput_fraction:g} x baseline {want.train_images_per_second:g} for {model!r})")
     return reasons, notes
+
+
+def _gbps(v: float) -> str:
+    return f"{v / GB:,.1f} GB/s"
+
+
+def _datapath(result: Mapping[str, Any], base: Baseline | None, model: str,
+              device: str) -> tuple[list[str], list[str], str | None]:
+    """(reasons, notes, state): the host<->GPU floor in both directions from the local NUMA node,
+    and the GPU memory bandwidth at ``fraction`` x its baseline."""
+    bw = result.get("bandwidth")
+    if not isinstance(bw, Mapping):
+        return [], [], None  # an older probe's result
+    if bw.get("status") != "measured":
+        reason = str(bw.get("reason") or bw.get("status") or "not measured")
+        if device != "gpu":
+            return [], [reason], None
+        return [], [f"host<->GPU bandwidth not measured: {reason}"], "not measured"
+    reasons: list[str] = []
+    notes: list[str] = []
+    figs = host_bandwidth(result)
+    node = numa_node_of(result, "local")
+    where = f" from NUMA node {node}" if node is not None else ""
+    h2d, d2h = figs.get(("local", "h2d")), figs.get(("local", "d2h"))
+    pair = f"host-to-GPU {_gbps(h2d) if h2d else '?'}, GPU-to-host {_gbps(d2h) if d2h else '?'}"
+    floor = base.host_bandwidth if base is not None else None
+    state = "ok"
+    if h2d is None or d2h is None:
+        notes.append(f"host<->GPU bandwidth incomplete ({pair}{where})")
+        state = "not measured"
+    elif floor is None:
+        notes.append(f"host<->GPU bandwidth {pair}{where}: no floor for {model!r}, reported, not judged")
+        state = "not judged"
+    elif min(h2d, d2h) < floor.floor_gb_per_second * GB:
+        size = bw.get("size_bytes")
+        how = f"pinned {size / 2**20:g} MiB copies, median of {bw.get('samples')}; " if size else ""
+        reasons.append(f"host<->GPU bandwidth{where} is below the {floor.floor_gb_per_second:g} GB/s floor for "
+                       f"{model!r}: {pair} ({how}{SLOW_LINK_MEANING})")
+        state = "below floor"
+    mem = memory_bandwidth(result)
+    mbase = base.memory_bandwidth if base is not None else None
+    if mem is not None and mbase is not None and mem < mbase.floor_gb_per_second * GB:
+        reasons.append(f"GPU memory bandwidth {_gbps(mem)} (device-to-device copies, read + write) is below "
+                       f"{mbase.floor_gb_per_second:,.0f} GB/s ({mbase.fraction:g} x the {mbase.baseline_gb_per_second:,.0f} "
+                       f"GB/s baseline for {model!r})")
+        state = "below floor"
+    elif mem is not None and mbase is None:
+        notes.append(f"GPU memory bandwidth {_gbps(mem)}: no baseline for {model!r}, reported, not judged")
+        if state == "ok":
+            state = "not judged"
+    return reasons, notes, state
 
 
 def _fingerprint(result: Mapping[str, Any], base: Baseline | None) -> tuple[list[str], list[str]]:
@@ -127,8 +188,9 @@ def judge(result: Mapping[str, Any], target: ProbeTarget, device: str, policy: P
           baselines: Baselines) -> Judgement:
     if not result.get("ok"):
         err = str(result.get("error") or "workload reported failure without a reason")
-        # Unusable data or a missing TensorFlow say nothing about the node's hardware: errors.
-        status = "error" if result.get("error_kind") in ("input", "dependency") else "failed"
+        # Unusable data, a missing TensorFlow or an unusable compilation cache say nothing about the
+        # node's hardware: errors.
+        status = "error" if result.get("error_kind") in ("input", "dependency", "compile_cache") else "failed"
         return Judgement(status, [err])
     reasons: list[str] = []
     notes: list[str] = list(result.get("notes") or [])
@@ -146,8 +208,10 @@ def judge(result: Mapping[str, Any], target: ProbeTarget, device: str, policy: P
     base, model = _baseline(result, target, device, baselines)
     fr, fn = _fingerprint(result, base)
     tr, tn = _throughput(result, base, model, policy)
+    br, bn, datapath = _datapath(result, base, model, device)
     other = reasons + fr + _binding(result.get("host") or {}, target, policy)
-    notes += fn + tn
-    all_reasons = other + tr
+    notes += fn + tn + bn
+    shortfalls = tr + br
+    all_reasons = other + shortfalls
     return Judgement("failed" if all_reasons else "passed", all_reasons, notes,
-                     throughput_only=bool(tr) and not other)
+                     throughput_only=bool(shortfalls) and not other, datapath=datapath)

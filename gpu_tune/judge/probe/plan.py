@@ -4,7 +4,10 @@ GPU targets (``--gpu N|all``; all by default) are bound to their GPU's NUMA node
 memory) with the profile's allocator preload; a GPU whose node lies outside this process' cpuset
 is blocked with a plain reason, and a MIG-enabled GPU is skipped with a stated reason (MIG
 instances are separate devices the whole-GPU probe does not address; the node is not failed for
-it). ``--device cpu`` (or no GPU with ``auto``) gives one CPU target.
+it). On a machine with more than one NUMA node each GPU target also names a remote node, the
+farthest one with memory that this process may use, from which the probe measures host<->GPU
+bandwidth a second time (what the binding buys). ``--device cpu`` (or no GPU with ``auto``)
+gives one CPU target.
 """
 
 from __future__ import annotations
@@ -40,6 +43,8 @@ class ProbeTarget:
     # Set when the target is not probed on purpose (a MIG-enabled GPU): the verdict is "skipped"
     # with this reason and counts as passed; no process is started.
     skip: str | None = None
+    # The NUMA node the host<->GPU bandwidth is also measured from (None: one node, or unknown).
+    remote_node: int | None = None
 
 
 
@@ -85,6 +90,27 @@ def _within_allowed(runner: Any, binding: Any) -> tuple[Any, list[str], str | No
     note = (f"CPUs {format_cpulist(binding.cpus - allowed)} of NUMA node {binding.numa_node} are outside "
             f"this process' cpuset; bound to {format_cpulist(usable)}")
     return runner.Binding(binding.numa_node, usable, binding.gpu_index, binding.gpu_uuid), [note], None
+
+
+def remote_node(topology: Any, local: int | None) -> int | None:
+    """The NUMA node farthest from ``local`` (by the firmware's distances; the lowest id among
+    equals) that has memory and lies in this process' cpuset; None with one node."""
+    nodes = list(getattr(topology, "numa_nodes", None) or [])
+    if local is None or len(nodes) < 2:
+        return None
+    mems = _allowed_mems()
+    ids = sorted(n.id for n in nodes)
+    here = next((n for n in nodes if n.id == local), None)
+    dist = list(getattr(here, "distances", ()) or ())
+    cands = [n for n in nodes if n.id != local and (n.memory_total_kib is None or n.memory_total_kib > 0)
+             and (mems is None or n.id in mems)]
+    if not cands:
+        return None
+
+    def distance(n: Any) -> int:
+        return dist[ids.index(n.id)] if len(dist) == len(ids) else 0
+
+    return max(cands, key=lambda n: (distance(n), -n.id)).id
 
 
 def plan_targets(topology: Any, profile: Any, gpu_backend: Any, *, gpu: str | None, device: str,
@@ -160,5 +186,6 @@ def plan_targets(topology: Any, profile: Any, gpu_backend: Any, *, gpu: str | No
             expected_cpus=binding.cpus if bound and binding.cpus else None,
             expected_node=binding.numa_node, gpu_uuid=binding.gpu_uuid or uuid or getattr(g, "gpu_uuid", None),
             device="gpu", notes=tuple(dict.fromkeys(notes)), blocked=blocked,
-            skip=MIG_SKIP.format(index=g.gpu_index) if mig.get(g.gpu_index) else None))
+            skip=MIG_SKIP.format(index=g.gpu_index) if mig.get(g.gpu_index) else None,
+            remote_node=remote_node(topology, binding.numa_node)))
     return targets

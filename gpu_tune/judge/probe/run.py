@@ -11,6 +11,12 @@ the agent calls on SIGTERM, so it exits within its grace period with no probe le
 The ``stderr_tail`` leaves out TensorFlow's start-up notices (:data:`STDERR_NOISE`: the oneDNN
 notice, ``failed call to cuInit`` on a node without a GPU, plugin registration chatter), so
 what is left is the workload's own error.
+
+Each workload gets the persistent XLA compilation cache folder (``compile_cache``, in the agent's
+state folder; profile ``probe.compile_cache``), pruned to its bound before the run
+(:mod:`gpu_tune.judge.probe.cache`). A workload whose compilation failed with the cache
+(``error_kind: compile_cache``: an entry TensorFlow could not use; the workload removed its folder)
+is run again at once without it, and the verdict notes it.
 """
 
 from __future__ import annotations
@@ -51,6 +57,11 @@ STDERR_NOISE = (
     "To enable the following instructions:",
     "All log messages before absl::InitializeLog() is called are written to STDERR",
     "TF-TRT Warning: Could not find TensorRT",
+    # a cache entry is read as text first, then as the binary it is (the XLA compilation cache)
+    "Error parsing text-format tensorflow.XlaSerializedCacheEntry",
+    # an XLA:CPU entry names LLVM tuning features the host CPU's list leaves out (the cache folder is
+    # keyed by the CPU's instruction-set flags)
+    "Loading XLA:CPU AOT result. Target machine feature",
 )
 
 _live_lock = threading.Lock()
@@ -82,6 +93,20 @@ def workload_args(policy: ProbePolicy) -> list[str]:
         args += ["--device-batch-size", str(policy.device_batch_size)]
     if policy.window_seconds is not None:
         args += ["--window-seconds", f"{policy.window_seconds:g}"]
+    if not policy.bandwidth:
+        args += ["--bandwidth", "off"]
+    elif policy.bandwidth_size_mib != 256:
+        args += ["--bandwidth-size-mib", str(policy.bandwidth_size_mib)]
+    return args
+
+
+def target_args(target: ProbeTarget) -> list[str]:
+    """Where the workload's host memory is (reported) and the remote node it measures from."""
+    args = []
+    if target.expected_node is not None:
+        args += ["--numa-node", str(target.expected_node)]
+    if target.remote_node is not None:
+        args += ["--remote-numa-node", str(target.remote_node)]
     return args
 
 
@@ -102,6 +127,8 @@ class ProbeVerdict:
     expected_node: int | None = None
     # For a skipped (busy) GPU: the real run whose verdict stands ({"status", "finished_at"}).
     stands_for: dict[str, Any] | None = None
+    # The data path's verdict (judge.Judgement.datapath): ok, below floor, not judged, not measured.
+    datapath: str | None = None
 
     def as_dict(self) -> dict[str, Any]:
         d = {"gpu": self.gpu, "status": self.status, "passed": self.passed,
@@ -112,6 +139,8 @@ class ProbeVerdict:
              "stderr_tail": self.stderr_tail}
         if self.stands_for is not None:
             d["stands_for"] = dict(self.stands_for)
+        if self.datapath is not None:
+            d["datapath"] = self.datapath
         return d
 
 
@@ -293,20 +322,20 @@ def _child_env(target: ProbeTarget, dev: str, module: str) -> dict[str, str]:
 
 def _probe_one(target: ProbeTarget, policy: ProbePolicy, baselines: Baselines, *, data: str | None,
                timeout: float, device: str, previous: dict | None, gpu_backend: Any,
-               module: str, extra_args: Sequence[str]) -> ProbeVerdict:
+               module: str, extra_args: Sequence[str], compile_cache: str | None = None) -> ProbeVerdict:
     started = _now()
     t0 = time.monotonic()
     exp_cpus = format_cpulist(target.expected_cpus) if target.expected_cpus is not None else None
 
     def verdict(status: str, reasons: list[str], *, attempts: int, result=None, tail: str = "",
                 notes: list[str] | None = None, passed: bool | None = None,
-                stands_for: dict[str, Any] | None = None) -> ProbeVerdict:
+                stands_for: dict[str, Any] | None = None, datapath: str | None = None) -> ProbeVerdict:
         return ProbeVerdict(
             gpu=target.label, status=status, passed=(status == "passed") if passed is None else passed,
             reasons=reasons, attempts=attempts, started_at=_rfc3339(started), finished_at=_rfc3339(_now()),
             duration_seconds=round(time.monotonic() - t0, 3), result=result, stderr_tail=tail,
             notes=notes or [], expected_cpus=exp_cpus, expected_node=target.expected_node,
-            stands_for=stands_for)
+            stands_for=stands_for, datapath=datapath)
 
     dev = _target_device(target, device)
     notes: list[str] = list(target.notes)
@@ -336,9 +365,12 @@ def _probe_one(target: ProbeTarget, policy: ProbePolicy, baselines: Baselines, *
         return verdict("error", [target.blocked], attempts=0, notes=notes)
 
     cmd = list(target.prefix) + [sys.executable, "-m", module, "--device", dev] + workload_args(policy)
+    if dev == "gpu":
+        cmd += target_args(target)
     if data:
         cmd += ["--data", data]
     cmd += list(extra_args)
+    cache_args = ["--compile-cache", compile_cache] if compile_cache and policy.compile_cache else []
     env = _child_env(target, dev, module)
 
     attempts = 0
@@ -346,7 +378,12 @@ def _probe_one(target: ProbeTarget, policy: ProbePolicy, baselines: Baselines, *
     history: list[str] = []
     while True:
         attempts += 1
-        run = run_once(cmd, env, timeout)
+        run = run_once(cmd + cache_args, env, timeout)
+        if run.status == "ok" and cache_args and (run.result or {}).get("error_kind") == "compile_cache":
+            # The workload could not use the cache and removed its folder: run again without it.
+            notes.append(f"{(run.result or {}).get('error')}; ran again without the compilation cache")
+            cache_args = []
+            run = run_once(cmd, env, timeout)
         if run.status != "ok":
             status = {"timeout": "timeout", "crashed": "crashed"}.get(run.status, "error")
             return verdict(status, history + [run.reason], attempts=attempts, tail=run.stderr_tail, notes=notes)
@@ -356,19 +393,21 @@ def _probe_one(target: ProbeTarget, policy: ProbePolicy, baselines: Baselines, *
             continue
         return verdict(j.status, history + j.reasons if j.status != "passed" else j.reasons, attempts=attempts,
                        result=run.result, tail=run.stderr_tail,
-                       notes=notes + j.notes + (history if j.status == "passed" else []))
+                       notes=notes + j.notes + (history if j.status == "passed" else []), datapath=j.datapath)
 
 
 def run_probes(targets: list[ProbeTarget], policy: ProbePolicy, baselines: Baselines, *,
                data: str | None, timeout: float | None, device: str, previous: dict | None,
                gpu_backend: Any = None, workload_module: str | None = None,
-               extra_args: Sequence[str] = ()) -> list[ProbeVerdict]:
+               extra_args: Sequence[str] = (), compile_cache: str | None = None) -> list[ProbeVerdict]:
     """Probe every target; one verdict per target, in the targets' order.
 
     Targets on different NUMA nodes run in parallel threads; those on the same node (or with
     no known node) one after another. ``previous`` (``{"results": [verdict...]}``, a list of
     verdicts, or ``{label: verdict}``) is what stands for a busy GPU that is skipped.
     ``workload_module`` (env ``GPU_TUNE_PROBE_MODULE``) replaces ``gpu_tune.workload.mnist_probe``.
+    ``compile_cache``: the persistent XLA compilation cache folder (:func:`gpu_tune.judge.probe.cache.cache_folder`),
+    pruned here, used when the profile's ``probe.compile_cache`` is on.
     """
     if device not in ("auto", "gpu", "cpu"):
         raise InputError(f"--device {device!r}: expected auto, gpu or cpu")
@@ -378,6 +417,10 @@ def run_probes(targets: list[ProbeTarget], policy: ProbePolicy, baselines: Basel
     module = workload_module or os.environ.get("GPU_TUNE_PROBE_MODULE") or WORKLOAD_MODULE
     prev = _previous_by_label(previous)
     out: list[ProbeVerdict | None] = [None] * len(targets)
+    if compile_cache and policy.compile_cache:
+        from gpu_tune.judge.probe.cache import prune
+
+        prune(compile_cache)
 
     groups: dict[Any, list[int]] = {}
     for i, t in enumerate(targets):
@@ -389,7 +432,7 @@ def run_probes(targets: list[ProbeTarget], policy: ProbePolicy, baselines: Basel
             try:
                 out[i] = _probe_one(t, policy, baselines, data=data, timeout=limit, device=device,
                                     previous=prev.get(t.label), gpu_backend=gpu_backend, module=module,
-                                    extra_args=extra_args)
+                                    extra_args=extra_args, compile_cache=compile_cache)
             except Exception as exc:  # a failure is a verdict, never a lost thread
                 now = _rfc3339(_now())
                 out[i] = ProbeVerdict(t.label, "error", False, [f"probe runner failed: {exc}"], 0, now, now,
