@@ -209,8 +209,9 @@ def test_the_remote_node_is_the_farthest_with_memory(monkeypatch):
 # -- what shows ---------------------------------------------------------------------------------
 def test_readiness_detail_and_node_summary_show_the_data_path():
     from gpu_tune.cluster.labels import node_summary
-    from gpu_tune.judge.readiness import probe_checks
+    from gpu_tune.judge.checks.probe import Probe
 
+    probe_checks = Probe().checks_of
     v = probe_verdict("0", probe_result())
     (c,) = probe_checks([v])
     assert c.ok and "host<->GPU 55.2/53.1 GB/s" in c.detail
