@@ -446,12 +446,13 @@ def test_a_failing_step_is_recorded_and_the_rest_goes_on_and_the_budget_holds(tm
 
 def test_a_step_out_of_time_is_stopped_and_leaves_no_process_behind(tmp_path):
     """The probe's workload runs in a session of its own; when its step runs out of time, the
-    orphan comes to the proof (the subreaper), which stops it."""
+    workload dies with the gpu-tune process that started it (PR_SET_PDEATHSIG), and whatever
+    else would be left comes to the proof (the subreaper), which stops it: nothing stays."""
     p, rep = _proof(tmp_path, "--device", "cpu", "--steps", "fingerprint", "--limit", "fingerprint=6")
     fp = rep["steps"]["fingerprint"]
     assert fp["status"] == "failed" and fp["seconds"] < 20
     assert "gave no result" in fp["reason"]
-    assert any("gpu_tune.workload.mnist_probe" in x for x in fp.get("leftovers_killed", [])), fp
+    assert not [x for x in fp.get("leftovers_killed", []) if "gpu_tune.workload.mnist_probe" not in x], fp
     ps = subprocess.run(["ps", "-eo", "args"], capture_output=True, text=True).stdout
     assert str(tmp_path) not in ps
 
