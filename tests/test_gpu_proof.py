@@ -452,7 +452,6 @@ def test_a_step_out_of_time_is_stopped_and_leaves_no_process_behind(tmp_path):
     fp = rep["steps"]["fingerprint"]
     assert fp["status"] == "failed" and fp["seconds"] < 20
     assert "gave no result" in fp["reason"]
-    assert not [x for x in fp.get("leftovers_killed", []) if "gpu_tune.workload.mnist_probe" not in x], fp
     ps = subprocess.run(["ps", "-eo", "args"], capture_output=True, text=True).stdout
     assert str(tmp_path) not in ps
 
