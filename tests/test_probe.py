@@ -677,3 +677,19 @@ def test_gpu_on_a_node_outside_our_cpuset_is_an_error_without_a_process(runner, 
     assert "outside this container's cpuset" in v.reasons[0]
     with pytest.raises(InputError, match="--numa-node 1: NUMA node 1 is outside"):
         probe.plan_targets(topo, Profile(name="t"), None, gpu=None, device="cpu", numa_node=1)
+
+
+def test_a_two_socket_binding_is_read_from_the_memory_policy():
+    """numactl --membind=1 binds the memory policy, not the cpuset: on a two-socket host the probe
+    reads Mems_allowed_list 0-1 and mempolicy bind:1, and that is the binding asked for."""
+    from gpu_tune.judge.probe.judge import _binding
+
+    target = SimpleNamespace(expected_cpus=None, expected_node=1)
+    pol = ProbePolicy(require_jemalloc=False)
+    assert _binding({"mems_allowed": "0-1", "mempolicy": "bind:1"}, target, pol) == []
+    assert _binding({"mems_allowed": "0-1", "mempolicy": "bind=static:1"}, target, pol) == []
+    assert _binding({"mems_allowed": "1", "mempolicy": "default"}, target, pol) == []  # a cpuset of one node
+    wrong = _binding({"mems_allowed": "0-1", "mempolicy": "bind:0"}, target, pol)
+    assert wrong == ["memory policy 'bind:0', expected 1"]
+    unbound = _binding({"mems_allowed": "0-1", "mempolicy": "default"}, target, pol)
+    assert unbound == ["memory allowed on NUMA node(s) '0-1', expected 1"]

@@ -156,6 +156,19 @@ def _fingerprint(result: Mapping[str, Any], base: Baseline | None) -> tuple[list
     return [], [f"fingerprint {got} matches the one pinned for its peer group"]
 
 
+def _policy_nodes(mempolicy: Any) -> frozenset[int] | None:
+    """The nodes of a binding memory policy as numa_maps prints it (``bind:1``, ``bind=static:0-1``,
+    ``prefer:1``); None for ``default``, ``local`` or anything unreadable."""
+    text = str(mempolicy or "")
+    head, _, nodes = text.partition(":")
+    if not nodes or not head.split("=", 1)[0] in ("bind", "prefer", "preferred"):
+        return None
+    try:
+        return parse_cpulist(nodes)
+    except (ParseError, ValueError):
+        return None
+
+
 def _binding(host: Mapping[str, Any], target: ProbeTarget, policy: ProbePolicy) -> list[str]:
     reasons: list[str] = []
     if policy.require_numa_binding:
@@ -168,13 +181,18 @@ def _binding(host: Mapping[str, Any], target: ProbeTarget, policy: ProbePolicy) 
                 reasons.append(f"CPU affinity inside the probe is {host.get('cpu_affinity')!r}, "
                                f"expected {format_cpulist(target.expected_cpus)!r}")
         if target.expected_node is not None:
-            try:
-                mems = parse_cpulist(str(host.get("mems_allowed", "")))
-            except (ParseError, ValueError):
-                mems = None
+            # numactl --membind (and the bind module) set the memory policy, not the cpuset: a
+            # two-socket host's Mems_allowed_list stays 0-1 while the policy reads bind:1
+            mems = _policy_nodes(host.get("mempolicy"))
+            what = f"memory policy {host.get('mempolicy')!r}"
+            if mems is None:  # no binding policy: bound by the cpuset alone, or not at all
+                try:
+                    mems = parse_cpulist(str(host.get("mems_allowed", "")))
+                except (ParseError, ValueError):
+                    mems = None
+                what = f"memory allowed on NUMA node(s) {host.get('mems_allowed')!r}"
             if mems != frozenset({target.expected_node}):
-                reasons.append(f"memory allowed on NUMA node(s) {host.get('mems_allowed')!r}, "
-                               f"expected {target.expected_node}")
+                reasons.append(f"{what}, expected {target.expected_node}")
     if policy.require_jemalloc and not host.get("jemalloc_mapped"):
         if not str(host.get("ld_preload", "")).strip():  # nothing to preload was found here
             reasons.append(f"probe.require_jemalloc: {LOCAL_JEMALLOC_MISSING}")
