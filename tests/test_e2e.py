@@ -157,7 +157,7 @@ def test_serve_enforce_publishes_node_then_writes_nothing(tmp_path, procs, api):
     assert 'gpu_tune_check_ok{check="tuning.compliant"} 1.0' in metrics
     assert "gpu_tune_collector_success" not in metrics  # per-stage series: serve --metrics-detail
 
-    # what the Node carries now (CONTRACT §6)
+    # what the Node carries now (docs/cli.md, `gpu-tune label`)
     n = api.node(node)
     labels = n["metadata"]["labels"]
     mine = ours(labels)
