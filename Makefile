@@ -48,14 +48,14 @@ tools:
 	  else echo "install these packages first:$$missing" >&2; exit 1; fi; \
 	fi
 
-# podman and friends, installed when root and missing; elsewhere tests/test_image.py says what
-# it lacks and skips (on CI, CI=true, it fails instead).
+# podman and friends, installed when root and missing. The image tests need root; as root without
+# podman they fail under make test, saying what is missing (a plain pytest skips them; tests/skips.py).
 image-tools:
 	@missing=""; for t in podman buildah runc mmdebstrap pigz; do command -v $$t >/dev/null || missing="$$missing $$t"; done; \
 	if [ -n "$$missing" ]; then \
 	  if [ "$$(id -u)" = 0 ] && command -v apt-get >/dev/null; then \
 	    apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq $(DEB_IMAGE) >/dev/null; \
-	  else echo "not installed:$$missing (the container image test will skip)" >&2; fi; \
+	  else echo "not installed:$$missing (the container image tests fail under make test as root)" >&2; fi; \
 	fi
 
 # etcd, containerd and friends, installed when root and missing; elsewhere the cluster tests say what
@@ -100,7 +100,7 @@ run-tools:
 # missing piece fails them instead of skipping them (tests/realkube/plugin.py).
 REQUIRE_CLUSTER := $(shell [ -d ../shared/kube ] && [ "$$(id -u)" = 0 ] && echo 1)
 test: setup tools image-tools kube-tools
-	GPU_TUNE_REQUIRE_CLUSTER=$(REQUIRE_CLUSTER) $(BIN)/pytest -q
+	GPU_TUNE_REQUIRE_ALL=1 GPU_TUNE_REQUIRE_CLUSTER=$(REQUIRE_CLUSTER) $(BIN)/pytest -q
 
 bench: setup tools
 	@if [ "$$(id -u)" = 0 ] && command -v apt-get >/dev/null; then \

@@ -1,4 +1,4 @@
-"""Error types that map to the CLI's exit codes (CONTRACT §3)."""
+"""Error types that map to the CLI's exit codes (docs/cli.md, "Exit codes")."""
 
 from __future__ import annotations
 

@@ -15,7 +15,9 @@ from typing import Any
 import pytest
 import yaml
 
-celpy = pytest.importorskip("celpy", reason="pip install cel-python (test extra)")
+from tests import skips
+
+celpy = skips.module("celpy", "pip install cel-python (test extra)")
 from celpy import celtypes  # noqa: E402
 
 REPO = Path(__file__).resolve().parent.parent
@@ -280,7 +282,7 @@ SAMPLE = {"boolean": True, "string": "x", "array": [{"name": "x"}], "object": {"
 def test_every_field_of_the_node_schema_is_guarded(policy, where, kind):
     """Adding, changing or removing any field of a 1.30 NodeSpec / NodeStatus other than the
     taints and conditions (guarded above) is denied: no field was forgotten."""
-    pytest.importorskip("kubernetes_validate")
+    skips.module("kubernetes_validate", "pip install kubernetes-validate (test extra)")
     fields = [f for f in node_fields(kind) if f not in ("taints", "conditions")]
     assert len(fields) >= 6
     base = node("gpu-1")

@@ -79,7 +79,7 @@ def test_audit_mode_untuned_node_pod_ready_node_not_and_no_taint(api, kubeconfig
     settle(agent)
     client = TestClient(create_app(agent.state))
     node_verdict = client.get("/readiness")
-    assert node_verdict.status_code == 503  # the node's verdict: not tuned (CONTRACT §4)
+    assert node_verdict.status_code == 503  # the node's verdict: not tuned (docs/operations.md)
     assert {c["name"]: c["ok"] for c in node_verdict.json()["checks"]}["tuning.compliant"] is False
     pod = client.get("/agent-ready")
     assert pod.status_code == 200, pod.json()  # the pod: ready, so a rollout goes on

@@ -24,6 +24,7 @@ from hypothesis import strategies as st
 from gpu_tune.cli import main
 from gpu_tune.errors import InputError
 from gpu_tune.host.parse import MAX_CPU, ParseError, parse_cpulist, parse_cpumask
+from tests import skips
 from tests.conftest import GPU_FIXTURES, REPO, run_cli
 
 POLICIES = REPO / "policies"
@@ -503,7 +504,7 @@ def test_a_root_or_policy_dir_that_cannot_be_read(world, tmp_path):
         if os.geteuid() == 0:
             setpriv = shutil.which("setpriv")
             if not setpriv:
-                pytest.skip("running as root without setpriv: cannot lose CAP_DAC_OVERRIDE")
+                skips.missing("tool", "running as root without setpriv (util-linux): cannot lose CAP_DAC_OVERRIDE")
             drop = "-dac_override,-dac_read_search"
             prefix = [setpriv, f"--bounding-set={drop}", f"--inh-caps={drop}"]
         env = {k: v for k, v in os.environ.items() if not k.startswith("GPU_TUNE_")}

@@ -42,6 +42,7 @@ import pytest
 import yaml
 
 from gpu_tune.cluster.labels import CONDITION_TYPE, PREFIX, TAINT_KEY
+from tests import skips
 from tests.realkube.binaries import Missing, binaries, cache_dir
 from tests.realkube.controlplane import ApiError
 from tests.realkube.node import NODE_IP, Node, kernel_files, save_image, why_no_node
@@ -449,7 +450,7 @@ def test_training_values_tune_the_host_and_keep_the_gate_closed_while_not_ready(
     cond = condition(cluster)
     if memlock == "unlimited":  # a container runtime with LimitMEMLOCK=infinity: nothing left to fix
         assert cond["status"] == "True", cond
-        pytest.skip("containerd's memlock is unlimited here: the not-ready gate is tested below only")
+        skips.condition("memlock-unlimited", "containerd's memlock is unlimited here: the not-ready gate is tested below only")
     # containerd runs with this machine's 8 MiB locked-memory limit (raising it takes
     # CAP_SYS_RESOURCE, which this root lacks): the profile's floor is not met, the node not ready
     assert cond["status"] == "False" and cond["reason"] == "TuningNotCompliant", cond

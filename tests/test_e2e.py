@@ -27,6 +27,7 @@ from gpu_tune.host.fs import HostFS
 from gpu_tune.cluster.labels import ANNOTATION_OWNED, ANNOTATION_TOPOLOGY, CONDITION_TYPE, PREFIX, TAINT_EFFECT, TAINT_KEY
 from gpu_tune.tune.policy import load_profile
 from gpu_tune.judge.probe.saved import load_probe_results, save_probe_results
+from tests import skips
 from tests.fixtures import hostgen
 from tests.realkube.testapi import write_kubeconfig
 
@@ -157,7 +158,7 @@ def test_serve_enforce_publishes_node_then_writes_nothing(tmp_path, procs, api):
     assert 'gpu_tune_check_ok{check="tuning.compliant"} 1.0' in metrics
     assert "gpu_tune_collector_success" not in metrics  # per-stage series: serve --metrics-detail
 
-    # what the Node carries now (CONTRACT §6)
+    # what the Node carries now (docs/cli.md, `gpu-tune label`)
     n = api.node(node)
     labels = n["metadata"]["labels"]
     mine = ours(labels)
@@ -285,10 +286,7 @@ def _prometheus() -> str | None:
 def test_prometheus_scrapes_the_agent(tmp_path, procs):
     exe = _prometheus()
     if exe is None:
-        if os.environ.get("GPU_TUNE_ALLOW_MISSING_TOOLS") == "1":
-            pytest.skip("prometheus not installed (GPU_TUNE_ALLOW_MISSING_TOOLS=1)")
-        pytest.fail("the prometheus binary is missing: install the Debian package `prometheus` "
-                    "(make tools), or set GPU_TUNE_ALLOW_MISSING_TOOLS=1 to skip this test")
+        skips.missing("tool", "the prometheus binary is missing: install the Debian package `prometheus` (make tools)")
     root = hostgen.build("small-2cpu", tmp_path / "host")
     agent_port, prom_port = free_port(), free_port()
     agent_log = tmp_path / "serve.log"

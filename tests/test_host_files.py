@@ -23,6 +23,7 @@ import pytest
 from gpu_tune.errors import NotAFile
 from gpu_tune.host.files import READ_CAP
 from gpu_tune.host.fs import HostFS
+from tests import skips
 from tests.conftest import REPO, jdoc, run_cli, snapshot_tree
 
 SWAPPINESS = "/proc/sys/vm/swappiness"
@@ -54,7 +55,7 @@ def _fifo(p: Path) -> str:
 
 def _device(p: Path) -> str:
     if os.geteuid() != 0:
-        pytest.skip("mknod needs root")
+        skips.condition("not-root", "mknod needs root")
     p.unlink(missing_ok=True)
     os.mknod(p, 0o644 | 0o020000, os.makedev(1, 5))  # /dev/zero: endless zeros
     return "character device"

@@ -13,6 +13,7 @@ import pytest
 from gpu_tune.errors import HostError
 from gpu_tune.host.fs import HostFS
 from gpu_tune.host.resolve import MAX_SYMLINKS, Openat2Resolver
+from tests import skips
 
 
 def _openat2_here() -> bool:
@@ -26,8 +27,8 @@ def _openat2_here() -> bool:
         os.close(fd)
 
 
-RESOLVERS = ["walk", pytest.param("openat2", marks=pytest.mark.skipif(not _openat2_here(),
-                                                                        reason="no openat2 in this kernel"))]
+RESOLVERS = ["walk", pytest.param("openat2", marks=skips.skipif("no-openat2", not _openat2_here(),
+                                                                     "no openat2 in this kernel"))]
 
 
 @pytest.fixture(params=RESOLVERS)
@@ -216,7 +217,7 @@ def test_atomic_write_creates_folders_beneath_the_root(tree, resolver):
 def test_both_resolvers_agree(tree):
     """One table of operations, answered by each resolver: identical results."""
     if not _openat2_here():
-        pytest.skip("no openat2 in this kernel")
+        skips.condition("no-openat2", "no openat2 in this kernel")
     root, outside = tree
     paths = ["/", "/etc/abs", "/etc/abs-in-root", "/proc/sys/vm/swappiness", "/etc/slash", "/etc/slash/etc/abs",
              "/sys/kernel/mm/transparent_hugepage", "/sys/kernel/mm/transparent_hugepage/secret",

@@ -165,7 +165,7 @@ def test_pipelined_requests_pass():
 @pytest.mark.slow
 def test_a_100mb_header_does_not_grow_the_process():
     """Loose sanity bound; benchmarks/bench_http_limits.py measures the growth."""
-    psutil = pytest.importorskip("psutil")
+    import psutil
     proc = psutil.Process()
     with Served() as srv:
         srv.get("/healthz")

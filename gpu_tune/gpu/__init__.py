@@ -1,4 +1,4 @@
-"""GPU backends (CONTRACT §2): chosen once at start, with the reason logged once.
+"""GPU backends (``--gpu-backend``, docs/cli.md): chosen once at start, with the reason logged once.
 
 ``auto`` picks NVML when ``libnvidia-ml.so.1`` loads (``nvmlInit`` succeeds), else the null
 backend; when a ``--gpu-fixture`` file is given with ``auto``, the fixture backend is used.

@@ -1,4 +1,4 @@
-"""The GPU backend interface (CONTRACT §2). Implementations: nvml, fixture, null."""
+"""The GPU backend interface (``--gpu-backend``, docs/cli.md). Implementations: nvml, fixture, null."""
 
 from __future__ import annotations
 

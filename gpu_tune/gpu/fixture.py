@@ -1,8 +1,8 @@
-"""The fixture GPU backend: GPUs described by a JSON file (CONTRACT §2 ``--gpu-fixture FILE``).
+"""The fixture GPU backend: GPUs described by a JSON file (``--gpu-fixture FILE``, docs/cli.md).
 
 Unknown extra keys are ignored. A missing required key (``index``, ``uuid``, ``name``,
 ``pci_bus_id``) or malformed JSON is an :class:`InputError` naming the file (and line). Optional
-per-GPU keys beyond the contract's: ``"lost": true`` (the GPU answers "GPU is lost"),
+per-GPU keys (docs/cli.md lists them too): ``"lost": true`` (the GPU answers "GPU is lost"),
 ``"processes": [pids]``, ``"cpu_affinity": "0-55"`` (what NVML would say is local) and
 ``"mig_mode"`` / ``"mig_mode_pending"`` (booleans, NVML's current and pending MIG mode; absent:
 the GPU has no MIG).

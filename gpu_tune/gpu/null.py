@@ -1,4 +1,4 @@
-"""The null GPU backend: a host without NVIDIA GPUs or driver (CONTRACT §2, ``--gpu-backend none``)."""
+"""The null GPU backend: a host without NVIDIA GPUs or driver (``--gpu-backend none``, docs/cli.md)."""
 
 from __future__ import annotations
 

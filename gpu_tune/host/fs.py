@@ -1,4 +1,4 @@
-"""HostFS: the only place that opens the host's files, always beneath one root (CONTRACT §1).
+"""HostFS: the only place that opens the host's files, always beneath one root (docs/security.md).
 
 Every path handed to HostFS is written the way the kernel names it (``/proc/sys/vm/swappiness``)
 and is resolved *beneath* ``root`` (``/`` on a node, ``/host`` in the DaemonSet, a fixture tree in

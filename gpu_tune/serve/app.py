@@ -1,4 +1,4 @@
-"""The read-only HTTP API (CONTRACT §4), answered from the latest immutable snapshot.
+"""The read-only HTTP API (docs/cli.md, ``gpu-tune serve``), answered from the latest immutable snapshot.
 
 A request never runs an audit or a probe and never changes the host: every body is rendered
 once when the loop publishes a snapshot (``gpu_tune/serve/snapshot.py``), so a request returns prepared

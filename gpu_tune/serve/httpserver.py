@@ -25,7 +25,7 @@ the event loop before any application code runs:
   to arrive; only when every connection is in the middle of a request or a response is the new
   one answered ``503`` and closed. A client that sends its request in one packet is never the one waiting longest.
 * **back-pressure** (a client that pipelines requests and never reads the answers): every
-  client socket has a small receive buffer (``RECV_BUFFER``, 8 KiB asked, so one read returns
+  client socket has a small receive buffer (``RECV_BUFFER``, 4 KiB asked, so one read returns
   about that much whichever event loop reads it: uvloop reads up to 256 KiB at a time, in which
   ten thousand small pipelined requests fit); requests are handed to the parser one head at a
   time, and once ``MAX_PIPELINED`` (2) wait behind the one being answered, the rest of what was
@@ -33,7 +33,7 @@ the event loop before any application code runs:
   complete. A connection's unsent answers are bounded by its transport's high-water mark
   (``WRITE_HIGH``, 16 KiB, then uvicorn waits before the next answer). A connection whose answers
   have not been read for ``SEND_TIMEOUT_S`` (10 s) is closed; all connections held back (their
-  answers unread, or requests held) together keep at most ``BLOCKED_BUDGET`` (8 MiB of unsent
+  answers unread, or requests held) together keep at most ``BLOCKED_BUDGET`` (4 MiB of unsent
   answers and held requests): past it the one held back longest is closed. A full table evicts
   such a connection as it does a waiting one.
 

@@ -1,4 +1,4 @@
-"""Prometheus metrics (CONTRACT §5): one custom collector over one immutable snapshot.
+"""Prometheus metrics (docs/monitoring.md): one custom collector over one immutable snapshot.
 
 The collector reads the snapshot it is given (a callable returning the latest one); it defines
 ``describe()`` so registering it does not collect. Each snapshot renders its exposition once
@@ -78,7 +78,7 @@ class Snapshot(Protocol):
     history: Any  # gpu_tune.judge.checks.state.HealthView, or None
 
 GPU_LABELS = ("gpu", "UUID", "pci_bus_id", "modelName", "Hostname", "numa_node")
-# Statuses in the order their series are written (CONTRACT §3); others follow by name.
+# Statuses in the order their series are written (docs/monitoring.md); others follow by name.
 STATUSES = ("ok", "drift", "conflict", "error", "unsupported")
 NONCOMPLIANT = ("drift", "conflict", "error")
 GAIN_MEASURES = ("images_per_second", "jitter_p99_over_p50")  # exported; all four are in GET /gain

@@ -1,4 +1,4 @@
-"""Plain data passed between the stages: audit rows and reports (CONTRACT §3 shapes)."""
+"""Plain data passed between the stages: audit rows and reports (the JSON documents of docs/cli.md)."""
 
 from __future__ import annotations
 

@@ -42,7 +42,7 @@ def shipped_policy_dir() -> Path:
     package = Path(__file__).resolve().parents[1]  # gpu_tune/
     installed = package / "policies"  # installed from a wheel: package data
     if (installed / "training.yaml").exists():
-        return installed
+        return installed.resolve()  # a checkout's gpu_tune/policies is a link to its policies/
     return package.parent / "policies"  # a source checkout or an editable install
 
 
