@@ -43,6 +43,11 @@ log = logging.getLogger("gpu_tune")
 # A stage is waited for at least this long, even when an earlier stage used up the pass's
 # deadline (so a pass with one stuck stage still publishes what it has).
 MIN_STAGE_WAIT = 1.0
+# A stuck stage's failure, the same words in every pass from the first: it reaches the condition's
+# message and the summary annotation, so a figure that moves (how long ago it started) would make
+# every pass a Node write. Its age is the collector's duration and in the log.
+STUCK = ("stuck: did not return within the pass's deadline (a host file, the GPU driver or the API server "
+         "does not answer); the passes go on without it and do not start it again until it returns")
 
 
 @dataclass
@@ -134,9 +139,9 @@ class Agent:
             if stuck[0].is_alive():
                 if not_started is not None:
                     not_started()
-                return None, CollectorStatus(name, False, 0.0, (
-                    f"stuck: started {time.monotonic() - stuck[1]:.0f}s ago and not returned (a host file, the GPU "
-                    "driver or the API server does not answer); not started again until it returns"))
+                age = time.monotonic() - stuck[1]
+                log.debug("stage %s: still stuck, started %.0fs ago", name, age)
+                return None, CollectorStatus(name, False, age, STUCK)  # its age: the duration, never the text
             del self._stuck[name]
         box: dict[str, Any] = {}
         done = threading.Event()
@@ -159,10 +164,8 @@ class Agent:
         took = time.perf_counter() - t0
         if not done.is_set():
             self._stuck[name] = (worker, started)
-            reason = (f"did not finish within {took:.0f}s, the pass's deadline (a host file, the GPU driver or the "
-                      "API server does not answer); the pass went on without it")
-            log.warning("stage %s: %s", name, reason)
-            return None, CollectorStatus(name, False, took, reason)
+            log.warning("stage %s did not finish within %.0fs, the pass's deadline: %s", name, took, STUCK)
+            return None, CollectorStatus(name, False, took, STUCK)
         exc = box.get("error")
         if exc is not None:
             if not isinstance(exc, Exception):
