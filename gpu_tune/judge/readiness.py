@@ -21,7 +21,8 @@ Checks (names are stable; they are the ``check`` label of ``gpu_tune_check_ok``)
   (``feature.node.kubernetes.io/pci-10de.present=true``, ``nvidia.com/gpu.present=true`` or
   device-plugin capacity ``nvidia.com/gpu`` above 0): never ok, the detail names the likely causes;
 - ``tuning.reverted``    in mode ``revert`` instead of ``tuning.compliant``: never ok (the node is
-  not tuned, on purpose), the detail says what the revert restored or could not;
+  not tuned, on purpose), the detail says what the revert restored or could not; the reason is
+  ``Reverted`` only once every original is back (else ``RevertPending`` or ``RevertFailed``);
 - ``topology.published`` topology discovered and the node labels/condition written (or Kubernetes
   publishing switched off);
 - ``probe.<gpu>.passed`` per probe target (``probe.cpu.passed`` for the CPU run), or ``probe.ran``
@@ -116,6 +117,8 @@ class Check:
     # the figures of a failing check in a few words, for the condition's message (default: the
     # detail up to its first remedy); not part of /readiness
     summary: str = field(default="", compare=False)
+    # the condition's reason when this check is the most urgent (default: :data:`CHECK_REASONS`)
+    reason: str = field(default="", compare=False)
 
     def as_dict(self) -> dict[str, Any]:
         return {"name": self.name, "ok": self.ok, "detail": self.detail}
@@ -157,6 +160,8 @@ class Verdict:
         if self.ready:
             return "AllChecksPassed"
         top = self.most_urgent()
+        if top is not None and top.reason:
+            return top.reason
         first = top.name if top else "unknown"
         if first in CHECK_REASONS:
             return CHECK_REASONS[first]
@@ -427,18 +432,40 @@ def gpu_visible_check(gpus: Sequence[Any], facts: Any) -> Check | None:
     return Check("gpu.visible", False, f"{figures}; likely causes: {GPU_VISIBILITY_CAUSES}", figures)
 
 
+def _short(value: Any, most: int = 40) -> str:
+    text = str(value)
+    return text if len(text) <= most else text[:most - 1] + "…"
+
+
+def _first3(items: Sequence[str]) -> str:
+    return "; ".join(items[:3]) + (f"; and {len(items) - 3} more" if len(items) > 3 else "")
+
+
 def reverted_check(revert: Mapping[str, Any] | None, *, error: str | None = None) -> Check:
-    """Mode ``revert``: the node is taken back to its recorded originals and not enforced."""
+    """Mode ``revert``: the node is taken back to its recorded originals and not enforced. Reason
+    ``Reverted`` only once every original is back; ``RevertPending`` while some are still to
+    restore (with who can do it, when this run never writes the host: ``revert["read_only"]``,
+    ``revert["by"]`` names the run); ``RevertFailed`` when restoring some failed."""
     name = "tuning.reverted"
     if error:
-        return Check(name, False, f"revert failed: {error}; see the agent log")
+        return Check(name, False, f"revert failed: {error}; see the agent log", reason="RevertFailed")
     if revert is None:
-        return Check(name, False, "mode revert: the revert has not run yet")
-    failed = [f"{r.get('id')}[{r.get('target')}]: {r.get('detail')}" for r in revert.get("settings", [])
-              if r.get("status") != "ok"]
-    if failed:
-        return Check(name, False, f"mode revert: {len(failed)} original(s) could not be restored (kept in the "
-                                  f"journal, tried again each pass): {_listed(failed)}")
+        return Check(name, False, "mode revert: the revert has not run yet", reason="RevertPending")
+    left = [r for r in revert.get("settings", []) if r.get("status") != "ok"]
+    if left and revert.get("read_only"):
+        rows = [f"{r.get('id')}[{r.get('target')}] {_short(r.get('current'))}, original {_short(r.get('desired'))}"
+                for r in left]
+        figures = (f"mode revert asked for, but {revert.get('by') or 'this run never writes the host'}: "
+                   f"{len(left)} original(s) still to restore")
+        return Check(name, False, f"{figures} ({_listed(rows)}): an agent in mode enforce or revert on this node "
+                                  f"restores them (with this label on), or run `gpu-tune revert` on the node",
+                     f"{figures} ({_first3(rows)})", reason="RevertPending")
+    if left:
+        failed = [f"{r.get('id')}[{r.get('target')}]: {r.get('detail')}" for r in left]
+        figures = f"mode revert: {len(left)} original(s) could not be restored"
+        return Check(name, False, f"{figures} (kept in the journal, tried again each pass, or run `gpu-tune "
+                                  f"revert` on the node once the cause is fixed): {_listed(failed)}",
+                     f"{figures}: {_first3(failed)}", reason="RevertFailed")
     return Check(name, False, "mode revert: the recorded originals are restored and nothing is enforced; "
                               "the node is left as it was before gpu-tune")
 

@@ -4,11 +4,10 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
+from gpu_tune.cluster.node_state import NODE_MODES  # noqa: F401 - the modes a Node's label may ask for
 from gpu_tune.errors import InputError
 
 MODES = ("audit", "enforce", "revert")
-# Modes a Node's gpu-tune.io/mode label may ask for over --mode: only ones that write less.
-NODE_MODES = ("audit", "revert")
 
 
 @dataclass
