@@ -409,6 +409,20 @@ def test_an_audit_agent_never_reverts_and_says_what_is_left_and_who_can(api, kub
     assert condition(api.node("n1"))["reason"] == "Reverted"
 
 
+def test_label_on_a_node_labelled_revert_says_what_is_left_and_writes_no_host_file(api, kubeconfig, host):
+    journal = host / "var/lib/gpu-tune/journal.json"
+    _tune_then_leave_to_an_audit_agent(api, kubeconfig, host)
+    assert save_probe_results(HostFS(host), "training", cpu_probe(12000.0)) is None
+    before = journal.read_bytes()
+    out = label_cli(host, kubeconfig, "n1", "--mode", "enforce")
+    assert out.returncode == 0, out.stderr
+    doc = json.loads(out.stdout)
+    assert doc["mode"] == "revert" and doc["want"]["condition"]["reason"] == "RevertPending", doc["want"]
+    assert "gpu-tune label never writes the host" in doc["want"]["condition"]["message"]
+    assert swappiness(host) == "0" and journal.read_bytes() == before
+    assert condition(api.node("n1"))["reason"] == "RevertPending"
+
+
 def test_reverted_only_when_every_original_is_back(api, kubeconfig, host):
     """An enforcing agent told to revert where one original cannot be written back: not
     ``Reverted`` but ``RevertFailed``, naming it; once it can be, ``Reverted``."""
