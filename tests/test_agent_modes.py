@@ -10,6 +10,8 @@ from __future__ import annotations
 
 import json
 import shutil
+import threading
+import time
 from pathlib import Path
 
 import pytest
@@ -266,3 +268,178 @@ def test_label_judges_device_plugin_capacity_as_serve_does(api, kubeconfig, tmp_
     snap = settle(agent)
     assert [c.name for c in snap.verdict.checks] == [c["name"] for c in doc["checks"]]
     assert [c.ok for c in snap.verdict.checks] == [c["ok"] for c in doc["checks"]]
+
+
+# -- a stuck stage: one write, then none -----------------------------------------------------------
+def agent_node_writes(api, since: int) -> list[tuple[str, str]]:
+    """The agent's writes after ``since``, as the API server's audit log has them (the agent's
+    client is told apart by its User-Agent: the test's own calls use the same admin user)."""
+    api.cp.wait_audit_flushed()
+    return [(ev["verb"], ev["requestURI"]) for ev in api.cp.writes_by("test-admin", since)
+            if str(ev.get("userAgent", "")).startswith("gpu-tune/")]
+
+
+def agent_node_reads(api, node: str, since: int) -> int:
+    api.cp.wait_audit_flushed()
+    return sum(1 for ev in api.cp.audit(since) if ev.get("verb") == "get"
+               and ev.get("requestURI", "").startswith(f"/api/v1/nodes/{node}")
+               and str(ev.get("userAgent", "")).startswith("gpu-tune/"))
+
+
+@pytest.mark.parametrize("stage", ["audit", "discover"])
+def test_a_stuck_stage_makes_no_node_write_after_the_first_pass(api, kubeconfig, host, stage):
+    """A host file on a hung mount: the stage that reads it never returns. The first pass with it
+    stuck publishes that (one write of each kind); the next passes, the stage still stuck and a
+    second older each time, write nothing (the API server's audit log)."""
+    api.add_node("n1")
+    agent = make_agent(host, kubeconfig, "n1", mode="audit")
+    agent.pass_deadline = 1.0
+    gate = threading.Event()
+    real = getattr(agent.stages, stage)
+
+    def hung():
+        gate.wait(120)
+        return real()
+
+    settle(agent)  # published: the node as it is, before the mount hangs
+    setattr(agent.stages, stage, hung)
+    try:
+        mark = api.cp.audit_mark()
+        first = agent.run_pass()
+        summary = api.node("n1")["metadata"]["annotations"][PREFIX + "summary"]
+        assert "stuck: did not return within the pass's deadline" in summary, summary
+        assert first.mode == "audit" and agent_node_writes(api, mark), "the first stuck pass publishes it"
+        mark = api.cp.audit_mark()
+        for _ in range(3):
+            time.sleep(1.1)  # the stuck stage a second older each pass
+            snap = agent.run_pass()
+            assert not {c.name: c for c in snap.collectors}[stage].success
+    finally:
+        gate.set()
+    assert agent_node_reads(api, "n1", mark) >= 3  # three passes read the Node ...
+    assert agent_node_writes(api, mark) == []      # ... and wrote nothing
+
+
+# -- `gpu-tune label` decides as the agent does ------------------------------------------------------
+def label_cli(root: Path, kubeconfig: str, node: str, *extra: str):
+    from tests.test_e2e import gpu_tune
+
+    return gpu_tune("--root", str(root), "--gpu-backend", "none", "-o", "json", "label", "--kubeconfig", kubeconfig,
+                    "--node", node, *extra)
+
+
+def test_label_never_taints_an_audited_node_and_the_agent_then_writes_nothing(api, kubeconfig, host):
+    """`gpu-tune label` on a node the audit agent runs on: the node is not ready (untuned), and
+    the label run publishes exactly what that agent publishes: no taint (audit never taints), so
+    the agent's next pass writes nothing (no taint on, then off: no blink)."""
+    probes = cpu_probe(12000.0)
+    assert save_probe_results(HostFS(host), "training", probes) is None
+    api.add_node("n1", taints=[FOREIGN])
+    out = label_cli(host, kubeconfig, "n1")
+    assert out.returncode == 0, out.stderr
+    doc = json.loads(out.stdout)
+    assert doc["ready"] is False and doc["mode"] == "audit" and doc["want"]["taint"]["wanted"] == "absent"
+    assert api.node("n1")["spec"]["taints"] == [FOREIGN]
+    mark = api.cp.audit_mark()
+    agent = make_agent(host, kubeconfig, "n1", mode="audit", probes=probes)
+    settle(agent)
+    assert agent_node_writes(api, mark) == []  # the agent and the label run want the same Node
+    assert api.node("n1")["spec"]["taints"] == [FOREIGN]
+
+
+def test_label_follows_the_nodes_mode_label_as_the_agent_does(api, kubeconfig, host):
+    assert save_probe_results(HostFS(host), "training", cpu_probe(12000.0)) is None
+    api.add_node("n1")
+    out = label_cli(host, kubeconfig, "n1", "--mode", "enforce")  # as an enforcing agent: not ready, tainted
+    assert out.returncode == 0, out.stderr
+    assert api.node("n1")["spec"]["taints"] == [OURS]
+    api.edit_node("n1", {"metadata": {"labels": {PREFIX + "mode": "audit"}}})  # a person: stop enforcing here
+    out = label_cli(host, kubeconfig, "n1", "--mode", "enforce")
+    assert out.returncode == 0, out.stderr
+    assert json.loads(out.stdout)["mode"] == "audit"
+    assert not api.node("n1")["spec"].get("taints")
+    assert "gpu-tune.io/mode" in out.stderr  # said why
+
+
+# -- mode revert asked of an agent that cannot revert ------------------------------------------------
+def _tune_then_leave_to_an_audit_agent(api, kubeconfig, host):
+    """An enforcing agent tunes the host; then the node's profile request goes (the audit agent
+    replaces it; the host stays tuned) and a person labels it gpu-tune.io/mode=revert."""
+    api.add_node("n1", taints=[FOREIGN])
+    enforcing = make_agent(host, kubeconfig, "n1", mode="enforce")
+    assert settle(enforcing).verdict.ready
+    assert swappiness(host) == "0"
+    api.edit_node("n1", {"metadata": {"labels": {PREFIX + "mode": "revert"}}})
+    return make_agent(host, kubeconfig, "n1", mode="audit")
+
+
+def test_an_audit_agent_never_reverts_and_says_what_is_left_and_who_can(api, kubeconfig, host):
+    journal = host / "var/lib/gpu-tune/journal.json"
+    auditor = _tune_then_leave_to_an_audit_agent(api, kubeconfig, host)
+    before = journal.read_bytes()
+    snap = settle(auditor)
+    auditor.run_pass()
+    assert snap.mode == "audit"
+    assert swappiness(host) == "0" and journal.read_bytes() == before  # the host untouched
+    cond = condition(api.node("n1"))
+    assert cond["status"] == "False" and cond["reason"] == "RevertPending", cond
+    msg = cond["message"]
+    assert "runs in mode audit and never writes the host" in msg, msg
+    journalled = len(json.loads(before)["entries"])
+    assert f"{journalled} original(s) still to restore" in msg, msg
+    detail = {c.name: c for c in auditor.state.snapshot.verdict.checks}["tuning.reverted"].detail
+    from gpu_tune.tune import engine
+
+    pending = engine.revert_pending(engine.make_context(HostFS(host), None))
+    assert len(pending) == journalled and "sysctl.vm.swappiness" in {r.id for r in pending}
+    first = pending[0]  # newest first, as a revert restores them
+    assert f"{first.id}[{first.target}] " in detail and ", original " in detail, detail
+    assert "an agent in mode enforce or revert on this node" in detail and "`gpu-tune revert`" in detail
+    assert api.node("n1")["spec"]["taints"] == [FOREIGN]
+    pod = TestClient(create_app(auditor.state)).get("/agent-ready").json()
+    assert pod["mode"] == "audit" and "RevertPending" in pod["detail"], pod
+    # steady: nothing written while it waits
+    mark = api.cp.audit_mark()
+    auditor.run_pass()
+    assert agent_node_writes(api, mark) == []
+    # someone reverts on the node: now every original is back, and only now it says Reverted
+    ok, _ = engine.revert(engine.make_context(HostFS(host), None))
+    assert ok and swappiness(host) == "60"
+    auditor.run_pass()
+    assert condition(api.node("n1"))["reason"] == "Reverted"
+
+
+def test_label_on_a_node_labelled_revert_says_what_is_left_and_writes_no_host_file(api, kubeconfig, host):
+    journal = host / "var/lib/gpu-tune/journal.json"
+    _tune_then_leave_to_an_audit_agent(api, kubeconfig, host)
+    assert save_probe_results(HostFS(host), "training", cpu_probe(12000.0)) is None
+    before = journal.read_bytes()
+    out = label_cli(host, kubeconfig, "n1", "--mode", "enforce")
+    assert out.returncode == 0, out.stderr
+    doc = json.loads(out.stdout)
+    assert doc["mode"] == "revert" and doc["want"]["condition"]["reason"] == "RevertPending", doc["want"]
+    assert "gpu-tune label never writes the host" in doc["want"]["condition"]["message"]
+    assert swappiness(host) == "0" and journal.read_bytes() == before
+    assert condition(api.node("n1"))["reason"] == "RevertPending"
+
+
+def test_reverted_only_when_every_original_is_back(api, kubeconfig, host):
+    """An enforcing agent told to revert where one original cannot be written back: not
+    ``Reverted`` but ``RevertFailed``, naming it; once it can be, ``Reverted``."""
+    api.add_node("n1")
+    agent = make_agent(host, kubeconfig, "n1", mode="enforce")
+    assert settle(agent).verdict.ready
+    target = host / "proc/sys/vm/swappiness"
+    target.unlink()
+    target.mkdir()  # a file that cannot be written back
+    try:
+        api.edit_node("n1", {"metadata": {"labels": {PREFIX + "mode": "revert"}}})
+        snap = agent.run_pass()
+        assert snap.mode == "revert"
+        cond = condition(api.node("n1"))
+        assert cond["reason"] == "RevertFailed" and "sysctl.vm.swappiness" in cond["message"], cond
+    finally:
+        target.rmdir()
+        target.write_text("0\n")
+    agent.run_pass()
+    assert swappiness(host) == "60" and condition(api.node("n1"))["reason"] == "Reverted"

@@ -17,8 +17,12 @@ run in order, each on the state the previous one left, as an operator would:
    on while not ready, off when ready, back on when the device plugin offers 1 of the 2 GPUs), a
    steady pass
    making no Node write (the API server's audit log, per user); the revert label restoring the
-   host within one pass, and keeping it restored; ``helm uninstall`` after it.
+   host within one pass, and keeping it restored; ``helm uninstall`` after it, the empty
+   ``/etc/gpu-tune`` it leaves, and docs/deploy.md's clean-up of the Node.
 3. ``kubectl apply -k daemonset/``: the same rollout.
+
+"Writes nothing" is only asserted after the agent has provably completed passes: its reads of
+the Node in the API server's audit log (one at the start of each pass), never after a bare sleep.
 
 Everything the node changed on this machine (kernel settings, /var/lib/gpu-tune, /etc/gpu-tune)
 is put back at the end, and checked. Root, the binaries and podman are needed; elsewhere the
@@ -33,6 +37,7 @@ import os
 import re
 import shutil
 import subprocess
+import sys
 import time
 import urllib.error
 import urllib.request
@@ -114,6 +119,7 @@ def cluster(tmp_path_factory):
         record_timing("node Ready (s)", node.timings["node_ready_s"])
         record_timing("image import into containerd (s)", node.import_image(tar, IMAGE_NAME))
         node.before = before  # type: ignore[attr-defined]
+        node.etc_gpu_tune_before = os.path.isdir("/etc/gpu-tune")  # type: ignore[attr-defined]
         # what the kubelet itself set at its start (vm.overcommit_memory, kernel.panic ...) aside
         node.started = {p: _read(p) for p in before}  # type: ignore[attr-defined]
         node.tmp = tmp  # type: ignore[attr-defined]
@@ -240,6 +246,29 @@ def writes_by(cluster: Node, sa: str, mark: int) -> list[tuple]:
             for ev in cluster.cp.writes_by(f"system:serviceaccount:{NS}:{sa}", mark)]
 
 
+def agent_reads(cluster: Node, sa: str, mark: int) -> int:
+    """GETs of the Node by the agent's service account after ``mark`` (the API server's audit
+    log): one at the start of each of its passes."""
+    assert cluster.cp is not None
+    cluster.cp.wait_audit_flushed()
+    user = f"system:serviceaccount:{NS}:{sa}"
+    return sum(1 for ev in cluster.cp.audit(mark) if ev.get("verb") == "get"
+               and (ev.get("user") or {}).get("username") == user
+               and ev.get("requestURI", "").split("?")[0] == f"/api/v1/nodes/{NODE}")
+
+
+def passes_done(cluster: Node, sa: str, passes: int, what: str) -> None:
+    """Wait until the agent has completed ``passes`` more passes, on the evidence of the API
+    server's audit log: ``passes + 1`` reads of its Node (a pass reads at its start and writes, if
+    at all, before the next one starts). A stalled agent fails here instead of passing a "writes
+    nothing" check by default."""
+    assert cluster.cp is not None
+    mark = cluster.cp.audit_mark()
+    wait_for(f"{what}: {passes} agent pass(es) completed (its Node reads in the audit log)",
+             lambda: agent_reads(cluster, sa, mark) >= passes + 1, (passes + 1) * INTERVAL * 1.1 + 15, cluster,
+             every=1.0)
+
+
 def original(cluster: Node, path: str) -> str:
     return (cluster.before[path] or b"").decode().strip()  # type: ignore[attr-defined]
 
@@ -310,7 +339,7 @@ def test_a_deleted_agent_pod_is_replaced_by_one_that_writes_nothing(cluster):
     rollout(cluster, "gpu-tune", "a deleted agent pod to its replacement Ready (s)")
     (new,) = agent_pods(cluster, "gpu-tune")
     assert new["metadata"]["uid"] != old["metadata"]["uid"]
-    time.sleep(INTERVAL * 1.5)  # a steady pass after its first publish
+    passes_done(cluster, "gpu-tune", 1, "a steady pass after its first publish")  # Ready: it has published
     assert writes_by(cluster, "gpu-tune", mark) == []
 
 
@@ -395,9 +424,11 @@ def test_helm_uninstall_leaves_what_the_docs_say(cluster):
     assert n["metadata"]["labels"][PREFIX + "ready"] == "false"
     assert PREFIX + "topology" in n["metadata"]["annotations"]
     assert condition(cluster)["reason"] == "GpusNotVisible" and not our_taint(cluster)
-    # and the host: the probe's saved verdicts in /var/lib/gpu-tune, no kernel setting changed
+    # and the host: the probe's saved verdicts in /var/lib/gpu-tune, no kernel setting changed, and
+    # no /etc/gpu-tune (only the enforce shape mounts it)
     assert Path("/var/lib/gpu-tune/probe.json").is_file()
     assert sysctl("vm.swappiness") == original(cluster, "/proc/sys/vm/swappiness")
+    assert os.path.isdir("/etc/gpu-tune") is cluster.etc_gpu_tune_before  # type: ignore[attr-defined]
 
 
 # -- 2. enforce: the training values -------------------------------------------------------------------
@@ -481,14 +512,14 @@ def test_the_gate_follows_the_verdict_and_a_steady_pass_writes_nothing(cluster):
     assert not our_taint(cluster)  # ready: the gate opens
     assert events(cluster)[-1]["reason"] == "GPUHostReady"
     assert agent_http("/readiness")[0] == 200
-    # steady: no Node write by the agent for two and a half passes (the audit log, per user)
+    # steady: no Node write by the agent in two whole passes (the audit log, per user)
     assert cluster.cp is not None
     mark = cluster.cp.audit_mark()
-    time.sleep(INTERVAL * 2.5)
+    passes_done(cluster, "gpu-tune-training", 2, "steady")
     assert writes_by(cluster, "gpu-tune-training", mark) == []
     # the device plugin offers one GPU of the two: not ready, the taint back on, with the figures
     offer(cluster, 2)
-    time.sleep(INTERVAL * 1.2)
+    passes_done(cluster, "gpu-tune-training", 1, "a pass judging the capacity")
     assert condition(cluster)["status"] == "True"  # both offered: still ready
     offer(cluster, 1)
     cond = wait_for("GPUHostReady=False", lambda: (c := condition(cluster)) and c["status"] == "False" and c,
@@ -522,7 +553,7 @@ def test_the_revert_label_restores_the_host_within_one_pass_and_it_stays_back(cl
     took = time.monotonic() - t0
     record_timing(f"revert label to host restored, interval {INTERVAL} s (s)", took)
     assert took <= INTERVAL * 1.1 + 5, took  # within one pass (+10 % jitter, the pass itself)
-    time.sleep(INTERVAL * 2.2)  # two more passes: nothing re-applied
+    passes_done(cluster, "gpu-tune-training", 2, "two more passes")  # nothing re-applied
     assert all(sysctl(k) == v for k, v in originals.items())
     cond = condition(cluster)
     assert cond["status"] == "False" and cond["reason"] == "Reverted", cond
@@ -541,7 +572,26 @@ def test_helm_uninstall_after_the_revert_leaves_what_the_docs_say(cluster):
     for key in SYSCTLS:
         assert sysctl(key) == original(cluster, "/proc/sys/" + key.replace(".", "/")), key
     assert Path("/var/lib/gpu-tune/journal.json").is_file()
-    kubectl(cluster, "label", "node", NODE, "gpu-tune.io/profile-request-", "gpu-tune.io/mode-")
+    # the folder the kubelet made for the enforce shape's /etc/gpu-tune mount stays, empty once
+    # reverted (allocator.env gone); the documented `rmdir` removes it
+    assert os.path.isdir("/etc/gpu-tune")
+    if not cluster.etc_gpu_tune_before:  # type: ignore[attr-defined]
+        assert os.listdir("/etc/gpu-tune") == []
+        subprocess.run(["rmdir", "/etc/gpu-tune"], check=True)
+    # the documented clean-up of the Node objects, as written in docs/deploy.md
+    from tests.test_deploy import _cleanup_block
+    from tests.realkube.procs import env_without_proxy
+
+    assert cluster.cp is not None
+    env = {**env_without_proxy(), "KUBECONFIG": str(cluster.cp.kubeconfig),
+           "PATH": f"{Path(sys.executable).parent}{os.pathsep}{os.environ.get('PATH', '')}"}
+    proc = subprocess.run(["bash", "-euo", "pipefail", "-c", _cleanup_block()], capture_output=True, text=True,
+                          timeout=180, env=env)
+    assert proc.returncode == 0, proc.stderr[-2000:]
+    n = node_obj(cluster)
+    assert not [k for k in {**n["metadata"].get("labels", {}), **n["metadata"].get("annotations", {})}
+                if k.startswith(PREFIX)], n["metadata"]
+    assert condition(cluster) is None and not our_taint(cluster)
 
 
 # -- 3. kubectl apply -k daemonset/ -------------------------------------------------------------------

@@ -257,6 +257,73 @@ def test_every_call_of_the_agent_is_granted_and_every_grant_is_used(api, tmp_pat
     assert namespaces == {role_ns}
 
 
+# -- uninstall: the documented clean-up of the Nodes ---------------------------------------------
+def _cleanup_block() -> str:
+    """The ``sh`` block of docs/deploy.md's "What uninstalling leaves" that cleans the Nodes."""
+    text = (REPO / "docs" / "deploy.md").read_text()
+    section = text.split("### What uninstalling leaves", 1)[1].split("\n## ", 1)[0]
+    blocks = re.findall(r"^```sh\n(.*?)^```", section, re.S | re.M)
+    (block,) = [b for b in blocks if b.startswith("kubectl label nodes --all")]
+    return block
+
+
+def test_the_documented_node_clean_up_leaves_nothing_and_never_fails(api, tmp_path):
+    """docs/deploy.md's clean-up, run as written (bash, errexit and pipefail) against the real API
+    server: Nodes as the agent's own publisher left them (every label of a GPU node, the three
+    annotations, the condition; with the taint, without it) and a Node gpu-tune never touched.
+    Nothing of gpu-tune's is left, nothing of anyone else's goes, and a second run on the clean
+    cluster (no node has the taint any more) exits 0 too."""
+    from gpu_tune.cluster import labels as L
+    from gpu_tune.cluster.fleet import fleet_report
+    from gpu_tune.cluster.labels import desired_node_state
+    from gpu_tune.cluster.publisher import make_publisher
+    from tests.fixtures.fleet import _gpus
+    from tests.realkube.procs import env_without_proxy
+    from tests.realkube.testapi import write_kubeconfig
+
+    foreign_taint = {"key": "dedicated", "value": "ml", "effect": "NoSchedule"}
+    kc = str(write_kubeconfig(tmp_path / "kc", api.url))
+    topology = {"numa_nodes": [{"id": 0}, {"id": 1}], "nics": [{"name": "eth0"}], "cuda_driver_version": "12.8"}
+    for name, ready, mode in (("gpu-a", False, "enforce"), ("gpu-b", False, "audit"), ("gpu-c", True, "enforce")):
+        api.add_node(name, labels={"nvidia.com/gpu.present": "true", "team": "ml", PREFIX_MODE: "revert",
+                                   PREFIX_REQUEST: "training"}, taints=[foreign_taint])
+        want = desired_node_state(profile="training", ready=ready, reason="", message="m", topology=topology,
+                                  gpus=_gpus(8, "NVIDIA H100 80GB HBM3"), driver_version="580.65.06", mode=mode)
+        pub = make_publisher(name, kc, False)
+        assert pub.publish(want).ok
+        pub.close()
+    api.add_node("cpu-1", labels={"team": "web"})
+    a = api.node("gpu-a")
+    every_label = {v for k, v in vars(L).items() if k.startswith("LABEL_") and isinstance(v, str)}
+    assert len(every_label) == 11 and every_label <= set(a["metadata"]["labels"])  # all a GPU node gets
+    assert {t["key"] for t in a["spec"]["taints"]} == {"dedicated", L.TAINT_KEY}
+    assert L.TAINT_KEY not in {t["key"] for t in api.node("gpu-b")["spec"].get("taints") or []}
+
+    env = {**env_without_proxy(), "KUBECONFIG": str(api.cp.kubeconfig),
+           "PATH": f"{Path(sys.executable).parent}{os.pathsep}{os.environ.get('PATH', '')}"}
+    for attempt in (1, 2):
+        proc = subprocess.run(["bash", "-euo", "pipefail", "-c", _cleanup_block()], capture_output=True, text=True,
+                              timeout=180, env=env)
+        assert proc.returncode == 0, (attempt, proc.stdout[-2000:], proc.stderr[-2000:])
+        nodes = [api.node(n) for n in ("gpu-a", "gpu-b", "gpu-c", "cpu-1")]
+        for n in nodes:
+            meta = n["metadata"]
+            left = [k for k in {**meta.get("labels", {}), **meta.get("annotations", {})} if k.startswith(L.PREFIX)]
+            assert left == [], (meta["name"], left)
+            assert [c["type"] for c in n["status"]["conditions"]] == ["Ready"]  # the kubelet's stays
+            assert n["spec"].get("taints", []) == ([foreign_taint] if meta["name"] != "cpu-1" else []), n["spec"]
+            assert meta["labels"]["team"] in ("ml", "web")
+    # what `gpu-tune fleet` then shows: the GPU nodes not reporting, the CPU node not listed
+    report = fleet_report(nodes)
+    assert sorted((r.name, r.status) for r in report.nodes) == [("gpu-a", "NotReporting"), ("gpu-b", "NotReporting"),
+                                                                ("gpu-c", "NotReporting")]
+    assert all("no GPUHostReady condition" in r.reason for r in report.nodes)
+
+
+PREFIX_MODE = "gpu-tune.io/mode"
+PREFIX_REQUEST = "gpu-tune.io/profile-request"
+
+
 # -- admission: each agent writes only its own Node -------------------------------------------
 @pytest.mark.parametrize("kdir", ["overlays/audit", "overlays/training", "overlays/inference", "overlays/minikube", "."])
 def test_admission_policy_ships_with_every_overlay(kdir):

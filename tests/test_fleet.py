@@ -91,6 +91,27 @@ def test_stale_is_the_heartbeat_older_than_stale_after(beat_age, stale_after, st
     assert judge_node(node, now=NOW, stale_after_s=stale_after).status == status
 
 
+@pytest.mark.parametrize("labels, capacity, text", [
+    ({"nvidia.com/gpu.present": "true"}, {}, "GPU node, agent sees 0"),
+    ({"nvidia.com/gpu.present": "true", "nvidia.com/gpu.count": "8", "nvidia.com/gpu.product": "NVIDIA-H100-80GB-HBM3"},
+     {}, "8x NVIDIA-H100-80GB-HBM3, agent sees 0"),
+    ({"feature.node.kubernetes.io/pci-10de.present": "true"}, {"nvidia.com/gpu": "4"}, "4x GPU, agent sees 0"),
+    ({}, {"nvidia.com/gpu": "2"}, "2x GPU, agent sees 0"),  # the device plugin says so
+    ({"nvidia.com/gpu.present": "true"}, {"nvidia.com/gpu": "0"}, "GPU node, agent sees 0"),
+    ({}, {}, "0x unknown"),  # a CPU node running the agent: no GPU, and none expected
+], ids=["label-only", "gpu-operator-labels", "nfd-and-capacity", "capacity-only", "capacity-zero", "cpu-node"])
+def test_gpus_column_on_a_node_where_the_agent_sees_no_gpu(labels, capacity, text):
+    want = agent_want(ready=False, gpus=0, failing=[("gpu.visible", "the Node says it has NVIDIA GPUs")])
+    obj = agent_node("gpu-1", want, now=NOW, gpu_label=None)
+    node = {"metadata": {"name": "gpu-1", "labels": {**obj["labels"], **labels}, "annotations": obj["annotations"]},
+            "status": {"conditions": obj["conditions"], "capacity": capacity}}
+    row = judge_node(node, now=NOW)
+    assert row.agent_gpu_count == 0 and row.gpus_text() == text
+    table = render_table(fleet_report([node], now=NOW))
+    assert text in table.splitlines()[1]
+    assert row.as_dict()["agent_sees_none"] is (text != "0x unknown")
+
+
 @pytest.mark.parametrize("seconds, text", [(None, "-"), (45, "45s"), (119, "119s"), (720, "12m"), (3 * 3600 + 300, "3h5m"),
                                            (15 * 3600, "15h"), (3 * 86400 + 4 * 3600, "3d4h"), (40 * 86400, "40d")])
 def test_age(seconds, text):

@@ -528,7 +528,7 @@ def test_the_hardware_condition_is_false_only_on_a_hardware_fault():
     from gpu_tune.cluster.labels import desired_node_state
     from gpu_tune.cluster.node_diff import plan_node
     from gpu_tune.gpu.base import GpuInfo
-    from gpu_tune.serve.stages import hardware_condition
+    from gpu_tune.cluster.node_state import hardware as hardware_condition
 
     def gpu(**kw):
         return GpuInfo(index=0, uuid="u", name="NVIDIA H100 80GB HBM3", pci_bus_id="0000:18:00.0", **kw)

@@ -13,7 +13,10 @@ import sys
 import threading
 import time
 
+import pytest
 from fastapi.testclient import TestClient
+
+from gpu_tune.cluster.node_state import node_want
 
 from gpu_tune.serve.agent import Agent
 from gpu_tune.serve.app import create_app
@@ -43,15 +46,16 @@ def test_a_stuck_stage_fails_its_pass_and_is_not_started_again_until_it_returns(
         snap = agent.run_pass()
         assert time.monotonic() - t0 < 5  # the deadline (at least 1 s per stage), not the 60 s wait
         c = collectors(snap)["discover"]
-        assert not c.success and "did not finish" in c.error
+        assert not c.success and c.error.startswith("stuck: did not return within the pass's deadline")
+        first_error = c.error
         assert collectors(snap)["audit"].success and world.calls["publish"] == 1  # the rest went on
-        assert any("discover" in ch.name or "did not finish" in ch.detail for ch in snap.verdict.checks
+        assert any("discover" in ch.name or "stuck: did not return" in ch.detail for ch in snap.verdict.checks
                    if not ch.ok)
         for _ in range(5):  # later passes say so at once and start no second worker
             t0 = time.monotonic()
             snap = agent.run_pass()
             assert time.monotonic() - t0 < 1.0
-            assert "stuck" in collectors(snap)["discover"].error
+            assert collectors(snap)["discover"].error == first_error  # the same words: see below
         assert _stage_threads("discover") == 1
     finally:
         gate.set()
@@ -60,6 +64,43 @@ def test_a_stuck_stage_fails_its_pass_and_is_not_started_again_until_it_returns(
         time.sleep(0.05)
     snap = agent.run_pass()
     assert collectors(snap)["discover"].success  # it returned: started again, and fine
+
+
+@pytest.mark.parametrize("stage", ["discover", "gpus", "audit", "identity"])
+def test_a_stuck_stage_publishes_the_same_node_state_in_every_pass(stage):
+    """What is published (labels, annotations, the condition) is the same from the first pass with
+    the stuck stage on: a figure that moves (how long ago it started) would make every pass a Node
+    write (tests/test_agent_modes.py counts them on a real API server)."""
+    world = World()
+    gate = threading.Event()
+    real = getattr(world, stage)
+
+    def stuck():
+        if not gate.is_set():
+            gate.wait(60)
+        return real()
+
+    st = world.stages()
+    seen = []
+
+    def publish(v, topology, gpus, driver, *, audit=None, probes=None, mode="enforce"):
+        seen.append(node_want(v, profile=world.profile, mode=mode, topology=topology, gpus=gpus,
+                              driver_version=driver, audit=audit, probes=probes))
+        return world.publish(v, topology, gpus, driver, audit=audit, probes=probes, mode=mode)
+
+    st.publish = publish
+    setattr(st, stage, stuck)
+    agent = Agent(st, mode="audit", interval=0.1, pass_deadline=0.3, probe_enabled=False)
+    try:
+        agent.run_pass()  # the stage started, and left behind at the deadline
+        for _ in range(3):
+            time.sleep(1.1)  # its age moves on by a second each pass
+            snap = agent.run_pass()
+            assert stage == "identity" or not collectors(snap)[stage].success
+    finally:
+        gate.set()
+    assert len(seen) == 4
+    assert [w.as_dict() for w in seen[1:]] == [seen[0].as_dict()] * 3
 
 
 def test_healthz_stays_200_and_stop_is_prompt_while_a_stage_is_stuck():

@@ -7,7 +7,7 @@ from typing import Annotated, Optional
 
 import typer
 
-from gpu_tune.cli.app import Globals, ProfileOpt, command, print_json
+from gpu_tune.cli.app import Globals, Mode, ProfileOpt, command, print_json
 
 log = logging.getLogger("gpu_tune")
 
@@ -19,10 +19,13 @@ def label_cmd(
     node: Annotated[Optional[str], typer.Option("--node", envvar="NODE_NAME", help="Node name [default: env NODE_NAME]")] = None,
     kubeconfig: Annotated[Optional[str], typer.Option("--kubeconfig", envvar="KUBECONFIG", metavar="FILE")] = None,
     dry_run: Annotated[bool, typer.Option("--dry-run", help="Print what would be published; write nothing")] = False,
+    mode: Annotated[Mode, typer.Option("--mode", case_sensitive=False, help="Publish as the agent in this mode would "
+                                       "(audit and revert never taint; a Node label gpu-tune.io/mode=audit|revert "
+                                       "lowers it, as for the agent); the host is never written")] = Mode.audit,
 ) -> int:
     from gpu_tune.cluster.oneshot import label_once
 
-    return label_once(g, profile=profile, node=node, kubeconfig=kubeconfig, dry_run=dry_run)
+    return label_once(g, profile=profile, node=node, kubeconfig=kubeconfig, dry_run=dry_run, mode=mode.value)
 
 
 @command("fleet", help="Every GPU node's readiness as the agents published it, from the API server (read-only). "

@@ -9,7 +9,10 @@ since           the condition's ``lastTransitionTime`` (when readiness last chan
 profile         label ``gpu-tune.io/profile``
 GPUs            labels ``gpu-tune.io/gpu-count`` and ``gpu-tune.io/gpu-product`` (else the GPU
                 Operator's ``nvidia.com/gpu.count`` / ``nvidia.com/gpu.product``, else the Node's
-                ``nvidia.com/gpu`` capacity)
+                ``nvidia.com/gpu`` capacity). On a GPU node where the agent sees no GPU
+                (``gpu-count`` 0) the other sources give the count and model, and the column
+                says so: ``8x NVIDIA-H100-80GB-HBM3, agent sees 0``, or ``GPU node, agent sees 0``
+                when nothing else gives a count
 drift           ``drift`` of the annotation ``gpu-tune.io/summary``: audit rows in drift, conflict
                 or error
 probe           ``probe`` of the summary: how many targets passed (the images/s are not on the
@@ -74,6 +77,16 @@ class FleetNode:
     reason: str = ""  # why NotReporting
     warnings: tuple[str, ...] = ()  # the failing warning checks' names (never gating)
     gain: Mapping[str, Any] = field(default_factory=dict)  # the summary's gain: verdict, ratio, ci95
+    agent_gpu_count: int | None = None  # the agent's own count (label gpu-tune.io/gpu-count)
+    agent_sees_none: bool = False  # a GPU node (labels, device-plugin capacity) where the agent sees no GPU
+
+    def gpus_text(self) -> str:
+        """The GPUS column."""
+        if self.agent_sees_none:
+            model = "GPU" if self.gpu_model == "unknown" else self.gpu_model
+            known = f"{self.gpu_count}x {model}" if self.gpu_count else "GPU node"
+            return f"{known}, agent sees 0"
+        return f"{self.gpu_count if self.gpu_count is not None else '?'}x {self.gpu_model}"
 
     def gain_text(self) -> str:
         v = self.gain.get("verdict")
@@ -102,7 +115,8 @@ class FleetNode:
         passed, total = self.probe_counts()
         return {"node": self.name, "status": self.status, "ready": self.ready, "since": self.since,
                 "heartbeat": self.heartbeat, "profile": self.profile, "gpu_model": self.gpu_model,
-                "gpu_count": self.gpu_count, "drift": self.drift,
+                "gpu_count": self.gpu_count, "agent_gpu_count": self.agent_gpu_count,
+                "agent_sees_none": self.agent_sees_none, "drift": self.drift,
                 "probe": {"passed": passed, "targets": total, "by_target": dict(self.probe)},
                 "failing": [dict(f) for f in self.failing], "reason": self.reason, "warnings": list(self.warnings),
                 "gain": dict(self.gain) or None}
@@ -204,16 +218,20 @@ def judge_node(node: Mapping[str, Any], *, now: float, stale_after_s: float = ST
         return None
     summary = _summary(annotations)
     capacity = (node.get("status") or {}).get("capacity") or {}
-    count = _int(labels.get(LABEL_GPU_COUNT))
-    if count is None:
-        count = _int(labels.get("nvidia.com/gpu.count"))
-    if count is None:
-        count = _int(capacity.get("nvidia.com/gpu"))
+    agent_count = _int(labels.get(LABEL_GPU_COUNT))
+    others = _int(labels.get("nvidia.com/gpu.count"))
+    if others is None:
+        others = _int(capacity.get("nvidia.com/gpu"))
+    count = agent_count if agent_count is not None else others
+    sees_none = agent_count == 0 and (is_gpu_node(labels) or (others or 0) > 0)
+    if sees_none:
+        count = others  # a GPU node where the agent sees none: what the rest of the cluster says
     model = labels.get(LABEL_GPU_PRODUCT) or labels.get("nvidia.com/gpu.product") or "unknown"
     drift = summary.get("drift")
     probe = summary.get("probe")
     gain = summary.get("gain")
     base = dict(name=name, profile=labels.get(LABEL_PROFILE), gpu_model=str(model), gpu_count=count,
+                agent_gpu_count=agent_count, agent_sees_none=sees_none,
                 drift=drift if isinstance(drift, int) and not isinstance(drift, bool) else None,
                 probe=probe if isinstance(probe, Mapping) else {},
                 gain=gain if isinstance(gain, Mapping) else {},
@@ -309,7 +327,7 @@ def render_table(report: FleetReport) -> str:
     for r in report.nodes:
         since = _epoch(r.since)
         passed, total = r.probe_counts()
-        gpus = f"{r.gpu_count if r.gpu_count is not None else '?'}x {r.gpu_model}"
+        gpus = r.gpus_text()
         lines.append((r.name, r.status, age(report.generated_at - since) if since else "-", r.profile or "-", gpus,
                       "-" if r.drift is None else str(r.drift), f"{passed}/{total}" if total else "-",
                       r.gain_text(), _reasons(r)))

@@ -398,7 +398,9 @@ def desired_node_state(
     gain: Mapping[str, Any] | None = None,
     hardware: tuple[str, bool, str, str] | None = None,
 ) -> NodeWant:
-    """The labels, annotations, ``GPUHostReady`` condition and taint wish for one verdict.
+    """The labels, annotations, ``GPUHostReady`` condition and taint wish for one verdict. The
+    agent and ``gpu-tune label`` come here through :func:`gpu_tune.cluster.node_state.node_want`
+    (and the mode through :func:`~gpu_tune.cluster.node_state.choose_mode`), never directly.
 
     ``topology`` is the ``gpu-tune topology -o json`` document (missing keys are tolerated);
     ``gpus`` are ``GpuInfo.as_dict()`` rows (the topology's ``gpus`` are used when empty).

@@ -6,22 +6,31 @@ The probe is not run here (it takes seconds to minutes); the latest verdicts sav
 The verdict is the agent's (:func:`gpu_tune.judge.readiness.verdict`, judged the way ``serve`` judges a
 pass): the Node is read first, so the device plugin's capacity (``gpu.allocatable``) and the
 labels saying the node has GPUs (``gpu.visible``) are judged here too, and the condition names
-the same checks as the printed verdict.
+the same checks as the printed verdict. What the Node carries is decided as the agent decides it
+(:mod:`gpu_tune.cluster.node_state`): ``mode`` is the mode of the agent this run stands in for
+(``audit`` by default: never the taint), lowered by the Node's ``gpu-tune.io/mode`` label as the
+agent's is; this command never writes the host, so a revert asked for is judged (what is still
+to restore), not carried out.
 """
 
 from __future__ import annotations
 
 import json
+import logging
 import sys
 from typing import Any
 
+log = logging.getLogger("gpu_tune")
 
-def label_once(g: Any, *, profile: str, node: str | None, kubeconfig: str | None, dry_run: bool) -> int:
+
+def label_once(g: Any, *, profile: str, node: str | None, kubeconfig: str | None, dry_run: bool,
+               mode: str = "audit") -> int:
     from gpu_tune.tune import engine
     from gpu_tune.gpu import select_backend
     from gpu_tune.host.fs import HostFS
     from gpu_tune.cluster.publisher import make_publisher
-    from gpu_tune.cluster.labels import desired_node_state
+    from gpu_tune.cluster.node_state import choose_mode, node_want
+    from gpu_tune.errors import GpuTuneError
     from gpu_tune.tune.policy import load_profile
     from gpu_tune.judge.readiness import verdict
     from gpu_tune.cluster.publisher import node_name
@@ -58,20 +67,29 @@ def label_once(g: Any, *, profile: str, node: str | None, kubeconfig: str | None
     publisher = make_publisher(name, kubeconfig, False)
     try:
         facts = publisher.read()
+        choice = choose_mode(mode, facts.mode_request if facts.node_read else None, who="gpu-tune label")
+        if choice.note:
+            log.warning("%s", choice.note)
+        revert = None
+        if choice.judged == "revert":  # this command never writes the host: what is left, read only
+            try:
+                rows = [r.as_dict() for r in engine.revert_pending(engine.make_context(fs, prof, backend))]
+                revert = {"ok": not rows, "read_only": True, "settings": rows,
+                          "by": "gpu-tune label never writes the host"}
+            except GpuTuneError as exc:
+                errors["revert"] = f"{type(exc).__name__}: {exc}"
         judge = dict(profile=prof, audit=report, gpus=gpus, topology=topo_doc, probes=probes or [],
-                     errors=errors, last_publish=facts if facts.node_read else None, host=host, history=history,
-                     expect=expect)
+                     errors=errors, last_publish=facts if facts.node_read else None, mode=choice.judged,
+                     revert=revert, host=host, history=history, expect=expect)
         pre = verdict(**judge, pending_publish=True)
-        topo_for_labels = {**(topo_doc or {}), "cuda_driver_version": backend.cuda_driver_version()}
-        want = desired_node_state(profile=prof.name, ready=pre.ready, reason=pre.reason(), message=pre.message(),
-                                  topology=topo_for_labels, gpus=gpus, driver_version=backend.driver_version(),
-                                  taint_when_not_ready=prof.readiness.taint,
-                                  checks=pre.checks, audit=report, probes=probes)
+        want = node_want(pre, profile=prof, mode=choice.mode, topology=topo_doc, gpus=gpus,
+                         driver_version=backend.driver_version(), cuda_driver_version=backend.cuda_driver_version(),
+                         audit=report, probes=probes)
         result = publisher.publish(want, dry_run=dry_run)
     finally:
         publisher.close()
     v = pre if dry_run else verdict(**judge, publish=result)
-    doc = {"node": name, "ready": v.ready, "checks": [c.as_dict() for c in v.checks],
+    doc = {"node": name, "ready": v.ready, "mode": choice.mode, "checks": [c.as_dict() for c in v.checks],
            "publisher": publisher.describe(), "dry_run": dry_run, "want": want.as_dict(),
            "result": result.as_dict()}
     if g.output == "json":

@@ -111,6 +111,8 @@ class Verdict:
         top = self.most_urgent()
         if top is None:
             return "NotReady"
+        if top.reason:  # a check that says its own reason (tuning.reverted: Reverted, RevertPending, RevertFailed)
+            return top.reason
         return next((r for p, r in REASONS if _matches(p, top.name)), "NotReady")
 
     def message(self) -> str:

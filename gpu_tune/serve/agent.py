@@ -32,8 +32,8 @@ import time
 from dataclasses import dataclass, field
 from typing import Any, Callable
 
+from gpu_tune.cluster.node_state import ModeChoice, choose_mode
 from gpu_tune.judge.readiness import Verdict, verdict
-from gpu_tune.serve.options import NODE_MODES
 from gpu_tune.serve.snapshot import AgentState, CollectorStatus, Snapshot
 from gpu_tune.serve.stages import Stages, field_of, error_reason, as_doc
 from gpu_tune.tune.knobs import fixable
@@ -43,6 +43,11 @@ log = logging.getLogger("gpu_tune")
 # A stage is waited for at least this long, even when an earlier stage used up the pass's
 # deadline (so a pass with one stuck stage still publishes what it has).
 MIN_STAGE_WAIT = 1.0
+# A stuck stage's failure, the same words in every pass from the first: it reaches the condition's
+# message and the summary annotation, so a figure that moves (how long ago it started) would make
+# every pass a Node write. Its age is the collector's duration and in the log.
+STUCK = ("stuck: did not return within the pass's deadline (a host file, the GPU driver or the API server "
+         "does not answer); the passes go on without it and do not start it again until it returns")
 
 
 @dataclass
@@ -138,9 +143,9 @@ class Agent:
             if stuck[0].is_alive():
                 if not_started is not None:
                     not_started()
-                return None, CollectorStatus(name, False, 0.0, (
-                    f"stuck: started {time.monotonic() - stuck[1]:.0f}s ago and not returned (a host file, the GPU "
-                    "driver or the API server does not answer); not started again until it returns"))
+                age = time.monotonic() - stuck[1]
+                log.debug("stage %s: still stuck, started %.0fs ago", name, age)
+                return None, CollectorStatus(name, False, age, STUCK)  # its age: the duration, never the text
             del self._stuck[name]
         box: dict[str, Any] = {}
         done = threading.Event()
@@ -163,10 +168,8 @@ class Agent:
         took = time.perf_counter() - t0
         if not done.is_set():
             self._stuck[name] = (worker, started)
-            reason = (f"did not finish within {took:.0f}s, the pass's deadline (a host file, the GPU driver or the "
-                      "API server does not answer); the pass went on without it")
-            log.warning("stage %s: %s", name, reason)
-            return None, CollectorStatus(name, False, took, reason)
+            log.warning("stage %s did not finish within %.0fs, the pass's deadline: %s", name, took, STUCK)
+            return None, CollectorStatus(name, False, took, STUCK)
         exc = box.get("error")
         if exc is not None:
             if not isinstance(exc, Exception):
@@ -264,8 +267,17 @@ class Agent:
                 self._host_health, self._health_view, self._expect = got
             else:
                 errors["health"] = st.error
-        mode = self.effective_mode()
-        if mode == "revert":
+        choice = self.mode_choice()
+        mode = choice.mode
+        if not choice.revert_read_only and (self._revert or {}).get("read_only"):
+            self._revert = None  # what an earlier read found is not a revert this agent made
+        if choice.revert_read_only and self.stages.revert_pending is not None:
+            # a revert asked of an agent that never writes the host: what is still to revert, read only
+            doc, st = self._run("revert", self._read_pending_revert, until)
+            statuses.append(st)
+            if not st.success:
+                errors["revert"] = st.error
+        elif mode == "revert":
             if self._host_lock.acquire(blocking=False):
                 doc, st = self._run("revert", self._holding_host(self._do_revert), until, self._host_lock.release)
                 statuses.append(st)
@@ -310,7 +322,8 @@ class Agent:
 
         profile = self.stages.profile
         judge = dict(profile=profile, audit=self._audit, gpus=self._gpus, topology=self._topology_doc,
-                     probes=probes, errors=errors, mode=mode, last_publish=self._facts, revert=self._revert,
+                     probes=probes, errors=errors, mode=choice.judged, last_publish=self._facts,
+                     revert=self._revert if choice.judged == "revert" else None,
                      host=self._host_health, history=self._health_view, expect=self._expect)
         pre = verdict(**judge, pending_publish=True)
         driver = (identity or {}).get("driver_version")
@@ -343,7 +356,7 @@ class Agent:
                 log.info("readiness changed to %s: %s", final.ready, final.message())
             self._ready = final.ready
             self._since = now
-        agent_ready, agent_detail = self._agent_ready(final, mode)
+        agent_ready, agent_detail = self._agent_ready(final, choice)
         snap = Snapshot.build(
             node=self.stages.node, profile=self.state.profile, verdict=final, since=self._since, created=now,
             mode=mode, agent_ready=agent_ready, agent_ready_detail=agent_detail, audit=self._audit, topology=self._topology_doc, gpus=self._gpus, probes=probes,
@@ -360,27 +373,33 @@ class Agent:
             self._node_condition_at_start = field_of(facts, "condition_status")
             self._node_was_ready = self._node_condition_at_start == "True"
 
-    def effective_mode(self) -> str:
-        """``--mode``, unless the Node's ``gpu-tune.io/mode`` label asks for one that writes less
-        (``audit``: stop enforcing, ``revert``: take the node back). Read from the Node at the start
-        of every pass, so a label change takes effect in the next pass, without a restart."""
+    def mode_choice(self) -> ModeChoice:
+        """This pass's mode (:func:`~gpu_tune.cluster.node_state.choose_mode`): ``--mode``, unless
+        the Node's ``gpu-tune.io/mode`` label asks for one that writes less (``audit``: stop
+        enforcing, ``revert``: take the node back); a revert asked of an agent that never writes
+        the host is judged (what is left to revert), not carried out. Read from the Node at the
+        start of every pass, so a label change takes effect in that pass, without a restart."""
         want = field_of(self._facts, "mode_request") if self._facts is not None else None
-        note = None
-        mode = self.mode
-        if want:
-            if want in NODE_MODES:
-                mode = want
-                note = f"mode {want}: asked for by the Node's gpu-tune.io/mode label (--mode {self.mode})"
-            else:
-                note = (f"the Node's gpu-tune.io/mode={want} is ignored: it may only be one of "
-                        f"{', '.join(NODE_MODES)}; keeping --mode {self.mode}")
-        if note != self._mode_note:  # a deliberate override by a person: shown at the default level
-            if note:
-                log.warning("%s", note)
+        choice = choose_mode(self.mode, want)
+        if choice.note != self._mode_note:  # a deliberate override by a person: shown at the default level
+            if choice.note:
+                log.warning("%s", choice.note)
             elif self._mode_note:
                 log.warning("the Node's gpu-tune.io/mode label is gone: mode %s", self.mode)
-            self._mode_note = note
-        return mode
+            self._mode_note = choice.note
+        return choice
+
+    def effective_mode(self) -> str:
+        """What this pass does to the host (:attr:`ModeChoice.mode`)."""
+        return self.mode_choice().mode
+
+    def _read_pending_revert(self) -> dict[str, Any]:
+        """Mode revert asked of an agent that never writes the host: the originals not yet back,
+        read from the journal and the host (nothing written, not even the lock)."""
+        rows = [as_doc(r) for r in self.stages.revert_pending() or ()]
+        self._revert = {"ok": not rows, "read_only": True, "settings": rows,
+                        "by": f"this agent runs in mode {self.mode} and never writes the host"}
+        return self._revert
 
     def _do_revert(self) -> dict[str, Any]:
         """Restore every recorded original (the journal); each pass, so a failed one is retried
@@ -397,7 +416,7 @@ class Agent:
         self._revert = {"ok": bool(ok), "restored": restored, "restored_total": prev + restored, "settings": docs}
         return self._revert
 
-    def _agent_ready(self, final: Verdict, mode: str) -> tuple[bool, str]:
+    def _agent_ready(self, final: Verdict, choice: ModeChoice) -> tuple[bool, str]:
         """The pod's readiness (``GET /agent-ready``), not the node's: the agent completed a pass
         and published it, and it has not turned a node that was ready when it started into a
         not-ready one. A rollout under ``maxUnavailable`` then goes on across untuned nodes
@@ -407,7 +426,10 @@ class Agent:
             return False, "the agent has not published a verdict yet (the first waits for the first probe)"
         if not field_of(pub, "ok", False):
             return False, f"the latest publish failed: {field_of(pub, 'detail', '')}"
-        if mode == "revert":
+        if choice.judged == "revert":
+            if choice.revert_read_only:
+                return True, (f"mode revert asked for by the Node's label; this agent runs in mode {choice.mode} "
+                              f"and never writes the host: {final.reason()}")
             return True, "mode revert: the node is taken back on purpose"
         if self._node_was_ready and not final.ready:
             return False, ("the node was ready (GPUHostReady=True) when this agent started and this agent "

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
+from gpu_tune.cluster.node_state import NODE_MODES  # noqa: F401 - the modes a Node's label may ask for
 from gpu_tune.errors import InputError
 
 import re
@@ -12,8 +13,6 @@ MODES = ("audit", "enforce", "revert")
 # Condition types the agent never writes: its own readiness condition and the kubelet's.
 RESERVED_CONDITIONS = ("GPUHostReady", "Ready", "MemoryPressure", "DiskPressure", "PIDPressure", "NetworkUnavailable")
 CONDITION_TYPE_RE = re.compile(r"[A-Z][A-Za-z0-9]{0,62}")
-# Modes a Node's gpu-tune.io/mode label may ask for over --mode: only ones that write less.
-NODE_MODES = ("audit", "revert")
 
 
 @dataclass

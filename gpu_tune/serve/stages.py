@@ -48,7 +48,7 @@ class Stages:
     ``publish(verdict, topology_doc, gpu_docs, driver_version, *, audit, probes) -> PublishResult``
     (``audit`` and ``probes``: the documents the node summary annotation is made of; ``mode``:
     the pass's mode, ``audit`` and ``revert`` never put the taint on);
-    ``revert() -> (ok, rows)``; ``close()``."""
+    ``revert() -> (ok, rows)``; ``revert_pending() -> rows``; ``close()``."""
 
     node: str
     profile: Any
@@ -74,14 +74,9 @@ class Stages:
     # health files (kernel log, AER, InfiniBand), what is remembered across passes and what a healthy
     # node of this kind has (docs/health.md). None: only what the GPU backend says is judged.
     health: Callable[..., Any] | None = None
-
-
-def hardware_condition(ctype: str | None, v: Verdict) -> tuple[str, bool, str, str] | None:
-    """(type, ready, reason, message) of the hardware condition for the verdict, or None."""
-    if not ctype:
-        return None
-    hw = v.hardware()
-    return ctype, hw.ready, hw.reason(), hw.message()
+    # ``revert_pending() -> rows``: the recorded originals not back in place, read only (what an
+    # agent that never writes the host reports when a revert is asked of it).
+    revert_pending: Callable[[], Any] | None = None
 
 
 def default_stages(options: ServeOptions) -> Stages:
@@ -89,7 +84,7 @@ def default_stages(options: ServeOptions) -> Stages:
     from gpu_tune.tune import engine
     from gpu_tune.gpu import select_backend
     from gpu_tune.host.fs import HostFS
-    from gpu_tune.cluster.labels import desired_node_state
+    from gpu_tune.cluster.node_state import node_want
     from gpu_tune.tune.policy import default_policy_dir, load_profile
     from gpu_tune.errors import InputError
     from gpu_tune.judge.probe.saved import load_probe_results, save_probe_results
@@ -164,14 +159,9 @@ def default_stages(options: ServeOptions) -> Stages:
 
     def publish(v: Verdict, topology_doc, gpu_docs, driver_version, *, audit=None, probes=None, mode="enforce",
                 gain=None):
-        topo = dict(topology_doc or {})
-        topo.setdefault("cuda_driver_version", backend.cuda_driver_version())
-        want = desired_node_state(profile=profile.name, ready=v.ready, reason=v.reason(),
-                                  message=v.message(), topology=topo, gpus=gpu_docs,
-                                  driver_version=driver_version,
-                                  taint_when_not_ready=profile.readiness.taint,
-                                  checks=v.checks, audit=audit, probes=probes, mode=mode, gain=gain,
-                                  hardware=hardware_condition(options.hardware_condition, v))
+        want = node_want(v, profile=profile, mode=mode, topology=topology_doc, gpus=gpu_docs,
+                         driver_version=driver_version, cuda_driver_version=backend.cuda_driver_version(),
+                         audit=audit, probes=probes, gain=gain, hardware_condition=options.hardware_condition)
         return publisher.publish(want)
 
     def revert():
@@ -192,6 +182,9 @@ def default_stages(options: ServeOptions) -> Stages:
             baselines_cache["b"] = _probe.load_baselines(policy_dir)
         return host, view, expectations(profile, baselines_cache["b"], infos, device_ids=device_ids(topology_doc))
 
+    def revert_pending():
+        return engine.revert_pending(engine.make_context(fs, profile, backend))
+
     def gain(topology):
         from gpu_tune.judge.gain.measure import measure_gain
 
@@ -209,5 +202,5 @@ def default_stages(options: ServeOptions) -> Stages:
     interval = options.probe_interval if options.probe_interval is not None else profile.probe.interval_s
     return Stages(node=node, profile=profile, discover=discover, audit=audit, enforce=enforce, gpus=gpus,
                   probe=probe, publish=publish, identity=identity, revert=revert, close=close,
-                  probe_interval=interval, read_node=publisher.read, health=health,
+                  probe_interval=interval, read_node=publisher.read, revert_pending=revert_pending, health=health,
                   gain=gain if options.mode == "enforce" and profile.gain.measure_on_start else None)

@@ -4,7 +4,8 @@
 - :func:`plan` is pure: the rows to change.
 - :func:`apply` records originals for the planned rows (one crash-safe journal write), then
   writes, then verifies with a fresh audit.
-- :func:`revert` restores every journalled original, newest first.
+- :func:`revert` restores every journalled original, newest first; :func:`revert_pending` only
+  reads what it would still restore.
 """
 
 from __future__ import annotations
@@ -313,3 +314,31 @@ def revert(ctx: Context, *, lock_timeout: float | None = None) -> tuple[bool, tu
                                     f"{len(journal.entries) + len(done)} originals for the next revert", JOURNAL))
     ok = all(r.status == "ok" for r in rows)
     return ok, tuple(rows)
+
+
+def revert_pending(ctx: Context) -> tuple[Setting, ...]:
+    """What :func:`revert` would still restore, read only (no lock, no write): one ``drift`` row
+    (current value, ``desired`` the original) per journalled original that is not back in place,
+    newest first. Empty: every original is back (or nothing was recorded). A journal that is not
+    this tool's raises :class:`~gpu_tune.tune.journal.JournalError`."""
+    if not ctx.fs.exists(JOURNAL):
+        return ()
+    rows: list[Setting] = []
+    for entry in Journal(ctx.fs).load().newest_first():
+        sid, target, original = entry["id"], entry["target"], entry.get("value")
+        knob = BY_FAMILY.get(entry.get("family", ""))
+        if knob is None:
+            rows.append(Setting(sid, target, None, str(original), "error",
+                                f"no knob {entry.get('family')!r} in this version", entry.get("path")))
+            continue
+        if knob.unchanged(ctx, entry):
+            continue
+        try:
+            current = knob.current_value(ctx, entry)
+        except (HostError, GpuError, OSError):
+            current = None
+        if current is not None and original is not None and current == str(original):
+            continue
+        rows.append(Setting(sid, target, current, str(original), "drift", "original not restored yet",
+                            entry.get("path")))
+    return tuple(rows)

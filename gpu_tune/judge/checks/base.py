@@ -42,6 +42,9 @@ class Check:
     category: str = field(default="", compare=False)
     # per-GPU results of a family that judges each GPU: (GPU index, ok), for the metrics
     gpus: tuple[tuple[str, bool], ...] = field(default=(), compare=False)
+    # the condition's reason when this check is the most urgent (default: the check name's, in
+    # gpu_tune.judge.readiness.REASONS)
+    reason: str = field(default="", compare=False)
 
     @property
     def gating(self) -> bool:
@@ -109,8 +112,8 @@ class Family:
         raise NotImplementedError
 
     def check(self, name: str, ok: bool, detail: str, summary: str = "", *, severity: str | None = None,
-              gpus: Sequence[tuple[str, bool]] = ()) -> Check:
-        return Check(name, ok, detail, summary, severity or self.severity, self.category, tuple(gpus))
+              gpus: Sequence[tuple[str, bool]] = (), reason: str = "") -> Check:
+        return Check(name, ok, detail, summary, severity or self.severity, self.category, tuple(gpus), reason)
 
 
 def listed(items: Sequence[str], limit: int = MAX_LISTED) -> str:

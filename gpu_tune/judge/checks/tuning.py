@@ -4,7 +4,8 @@
   (GPU persistence mode among them: ``gpu.persistence_mode`` is a setting, not a GPU's health);
   ``readiness.require_compliant: false`` keeps it listed but ok, with the finding in the detail.
 - ``tuning.reverted``: in mode ``revert`` instead: never ok (the node is taken back on purpose);
-  the detail says what the revert restored or could not.
+  the detail says what the revert restored or could not; the reason is ``Reverted`` only once
+  every original is back (else ``RevertPending`` or ``RevertFailed``).
 """
 
 from __future__ import annotations
@@ -51,21 +52,43 @@ def tuning_check(audit: Mapping[str, Any] | None, *, required: bool = True, erro
     return fam.check(name, False, detail, summary)
 
 
+def _short(value: Any, most: int = 40) -> str:
+    text = str(value)
+    return text if len(text) <= most else text[:most - 1] + "…"
+
+
+def _first3(items: list[str]) -> str:
+    return "; ".join(items[:3]) + (f"; and {len(items) - 3} more" if len(items) > 3 else "")
+
+
 def reverted_check(revert: Mapping[str, Any] | None, *, error: str | None = None) -> Check:
-    """Mode ``revert``: the node is taken back to its recorded originals and not enforced."""
+    """Mode ``revert``: the node is taken back to its recorded originals and not enforced. Reason
+    ``Reverted`` only once every original is back; ``RevertPending`` while some are still to
+    restore (with who can do it, when this run never writes the host: ``revert["read_only"]``,
+    ``revert["by"]`` names the run); ``RevertFailed`` when restoring some failed."""
     name = "tuning.reverted"
     fam = Tuning()
     if error:
-        return fam.check(name, False, f"revert failed: {error}; see the agent log")
+        return fam.check(name, False, f"revert failed: {error}; see the agent log", reason="RevertFailed")
     if revert is None:
-        return fam.check(name, False, "mode revert: the revert has not run yet")
-    failed = [f"{r.get('id')}[{r.get('target')}]: {r.get('detail')}" for r in revert.get("settings", [])
-              if r.get("status") != "ok"]
-    if failed:
-        return fam.check(name, False, f"mode revert: {len(failed)} original(s) could not be restored (kept in the "
-                                      f"journal, tried again each pass): {listed(failed)}")
+        return fam.check(name, False, "mode revert: the revert has not run yet", reason="RevertPending")
+    left = [r for r in revert.get("settings", []) if r.get("status") != "ok"]
+    if left and revert.get("read_only"):
+        rows = [f"{r.get('id')}[{r.get('target')}] {_short(r.get('current'))}, original {_short(r.get('desired'))}"
+                for r in left]
+        figures = (f"mode revert asked for, but {revert.get('by') or 'this run never writes the host'}: "
+                   f"{len(left)} original(s) still to restore")
+        return fam.check(name, False, f"{figures} ({listed(rows)}): an agent in mode enforce or revert on this node "
+                                      f"restores them (with this label on), or run `gpu-tune revert` on the node",
+                         f"{figures} ({_first3(rows)})", reason="RevertPending")
+    if left:
+        failed = [f"{r.get('id')}[{r.get('target')}]: {r.get('detail')}" for r in left]
+        figures = f"mode revert: {len(left)} original(s) could not be restored"
+        return fam.check(name, False, f"{figures} (kept in the journal, tried again each pass, or run `gpu-tune "
+                                      f"revert` on the node once the cause is fixed): {listed(failed)}",
+                         f"{figures}: {_first3(failed)}", reason="RevertFailed")
     return fam.check(name, False, "mode revert: the recorded originals are restored and nothing is enforced; "
-                                  "the node is left as it was before gpu-tune")
+                                  "the node is left as it was before gpu-tune", reason="Reverted")
 
 
 class Tuning(Family):
