@@ -35,9 +35,14 @@ def _tools() -> Any:
     return ti
 
 
+_BUILT: dict[str, Path] = {}  # this run's archive: the tree does not change during a run
+
+
 def image_tar(tmp: Path) -> Path:
     """The CPU image built as tests/test_image.py builds it (layer cache: seconds when it ran
-    already), saved once per image id."""
+    already; once per run), saved once per image id."""
+    if "tar" in _BUILT and _BUILT["tar"].is_file():
+        return _BUILT["tar"]
     if shutil.which("podman") is None:
         skip_or_fail("podman is not installed (make test installs it when root): the image cannot be built")
     ti = _tools()
@@ -57,6 +62,7 @@ def image_tar(tmp: Path) -> Path:
         finally:
             ti.podman("untag", image_id, own, check=False)
         tar.with_suffix(".part").rename(tar)
+    _BUILT["tar"] = tar
     return tar
 
 
