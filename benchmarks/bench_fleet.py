@@ -26,7 +26,6 @@ the same command over 5,000 Nodes, with the API server's CPU and memory.
 from __future__ import annotations
 
 import argparse
-import json
 import os
 import statistics
 import sys
