@@ -8,8 +8,8 @@ Starts the real ``gpu-tune serve`` (enforce mode, CPU probe) on a fresh copy of 
   * seconds from the process start to the first ``/readiness`` 200 (target < 30 s);
   * the agent's RSS after 10,000 and after 20,000 requests (/readiness and /metrics alternately,
     keep-alive, one client): without Kubernetes (``--no-kube``) target < 60 MB; publishing to a
-    local test API server (``--kubeconfig``: the kubernetes client loaded, as on every node of a
-    cluster) target < 80 MB, the GPU node's budget less NVML, which needs a GPU to measure;
+    real kube-apiserver (the test harness's, tests/realkube, started for the run; ``--kubeconfig``:
+    the kubernetes client loaded, as on every node of a cluster) target < 80 MB, the GPU node's budget less NVML, which needs a GPU to measure;
     growth from 10k to 20k requests < 2 MB;
   * CPU used by the agent over ``--idle`` seconds with passes every ``--interval`` seconds and no
     requests (target < 1 % of one core).
@@ -55,17 +55,24 @@ def hammer(port: int, n: int) -> None:
 def measure(a, kube: bool) -> dict:
     sys.path.insert(0, str(REPO))
     from tests.fixtures import hostgen
-    from tests.kubeapi import KubeAPIServer, write_kubeconfig
+    from tests.realkube.cleanup import Ledger, ledger_root
+    from tests.realkube.controlplane import ControlPlane
+    from tests.realkube.testapi import RealAPI
 
     tmp = Path(tempfile.mkdtemp(prefix="bench-agent-"))
     root = hostgen.build("small-2cpu", tmp / "host")
     port = free_port()
     exe = Path(sys.executable).with_name("gpu-tune")
-    api = None
+    cp = led = None
+    mark = 0
     if kube:
-        api = KubeAPIServer().start()
+        led = Ledger(f"bench-agent-{os.getpid()}", ledger_root())
+        cp = ControlPlane(tmp / "cp", led).start(timeout=120)
+        api = RealAPI(cp)
         api.add_node("bench-node")
-        where = ["--kubeconfig", str(write_kubeconfig(tmp / "kubeconfig", api.url))]
+        api.proxy.stop()
+        mark = cp.audit_mark()
+        where = ["--kubeconfig", str(cp.kubeconfig)]
     else:
         where = ["--no-kube"]
     argv = [str(exe) if exe.exists() else sys.executable, *([] if exe.exists() else ["-m", "gpu_tune"]),
@@ -74,8 +81,9 @@ def measure(a, kube: bool) -> dict:
             "--node", "bench-node"]
     t0 = time.monotonic()
     log = open(tmp / "agent.log", "w")  # a file, not a pipe: a full pipe would stall the agent
-    proc = subprocess.Popen(argv, cwd=REPO, stdout=subprocess.DEVNULL, stderr=log, start_new_session=True)
-    doc: dict = {"kubernetes": "test API server" if kube else "off (--no-kube)", "argv": argv[1:]}
+    env = {k: v for k, v in os.environ.items() if k.lower() not in ("http_proxy", "https_proxy", "all_proxy")}
+    proc = subprocess.Popen(argv, cwd=REPO, stdout=subprocess.DEVNULL, stderr=log, start_new_session=True, env=env)
+    doc: dict = {"kubernetes": "kube-apiserver" if kube else "off (--no-kube)", "argv": argv[1:]}
     try:
         ready_s = None
         last = ""
@@ -114,16 +122,19 @@ def measure(a, kube: bool) -> dict:
         doc["idle_cpu_percent_of_one_core"] = round(100 * used / (time.monotonic() - w0), 3)
         doc["idle_window_s"] = a.idle
         doc["passes_in_window"] = f"~{a.idle / a.interval:.0f} (interval {a.interval:g}s)"
-        if api is not None:
-            doc["node_writes"] = api.writes["bench-node"]
+        if cp is not None:
+            cp.wait_audit_flushed()
+            doc["node_writes"] = len([ev for ev in cp.writes_by("test-admin", mark)
+                                      if (ev.get("objectRef") or {}).get("name") == "bench-node"])
         proc.send_signal(signal.SIGTERM)
         doc["exit_code_on_sigterm"] = proc.wait(20)
     finally:
         if proc.poll() is None:
             os.killpg(proc.pid, signal.SIGKILL)
             proc.wait()
-        if api is not None:
-            api.stop()
+        if cp is not None:
+            cp.stop()
+            led.clean()
     limit = 80 if kube else 60
     tag = "with Kubernetes" if kube else "--no-kube"
     doc["checks"] = {
@@ -142,7 +153,7 @@ def main() -> int:
     ap.add_argument("--interval", type=float, default=10.0, help="agent --interval (default 10)")
     ap.add_argument("--requests", type=int, default=10000, help="requests per memory step (default 10000)")
     ap.add_argument("--kube", choices=("off", "on", "both"), default="both",
-                    help="publish to a local test API server: off, on, or one run of each (default)")
+                    help="publish to a real kube-apiserver: off, on, or one run of each (default)")
     ap.add_argument("--json", action="store_true")
     a = ap.parse_args()
 

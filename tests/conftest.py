@@ -15,7 +15,14 @@ if str(REPO) not in sys.path:
     sys.path.insert(0, str(REPO))
 
 from tests.fixtures import hostgen  # noqa: E402
-from tests.realkube.plugin import api, control_plane, pytest_terminal_summary  # noqa: E402,F401
+from tests.realkube.plugin import (  # noqa: E402,F401
+    _kube_node_keeper,
+    api,
+    control_plane,
+    kube_node,
+    pytest_terminal_summary,
+    second_kube_node,
+)
 
 GPU_FIXTURES = REPO / "tests" / "fixtures" / "gpu"
 

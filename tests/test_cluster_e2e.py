@@ -35,7 +35,6 @@ import glob
 import json
 import os
 import re
-import shutil
 import subprocess
 import sys
 import time
@@ -48,97 +47,33 @@ import yaml
 
 from gpu_tune.cluster.labels import CONDITION_TYPE, PREFIX, TAINT_KEY
 from tests import skips
-from tests.realkube.binaries import Missing, binaries, cache_dir
+from tests.clusterkit import with_image
+from tests.realkube.cleanup import cgroup_pids
 from tests.realkube.controlplane import ApiError
-from tests.realkube.node import NODE_IP, Node, kernel_files, save_image, why_no_node
-from tests.realkube.plugin import finish_ledger, new_ledger, record_timing, skip_or_fail
+from tests.realkube.node import NODE_IP, Node
+from tests.realkube.plugin import NODE_NAME, record_timing
 
 pytestmark = pytest.mark.slow
 
 REPO = Path(__file__).resolve().parents[1]
-NODE = "gpu-node-e2e"
+NODE = NODE_NAME
 NS = "gpu-tune"
-IMAGE_TAG = "localhost/gpu-tune:test-cpu"  # what tests/test_image.py builds
-IMAGE_NAME = "docker.io/library/gpu-tune:0.1.0"  # what the chart and the kustomize tree run
 INTERVAL = 10  # seconds between the agents' passes (--set interval): passes within a test's patience
 E2E_DIR = "/var/lib/gpu-tune/e2e"  # on the host; the pod sees it at /host/var/lib/gpu-tune/e2e
 SYSCTLS = {"vm.swappiness": "0", "vm.dirty_background_ratio": "5", "vm.dirty_ratio": "20"}  # training's
 T0 = time.monotonic()
 
 
-# -- the cluster -----------------------------------------------------------------------------------
-def _image(tmp: Path) -> Path:
-    """The CPU image built as tests/test_image.py builds it (layer cache: seconds when it ran
-    already), saved once per image id."""
-    import importlib.util
-
-    spec = importlib.util.spec_from_file_location("gpu_tune_tools_image", REPO / "tools" / "image.py")
-    ti = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(ti)
-    base = ti.choose_base(os.environ.get("PYTHON_IMAGE") or None)
-    ti.build(REPO, "cpu", IMAGE_TAG, base, tmp / "build.log")
-    image_id = ti.podman("image", "inspect", "--format", "{{.Id}}", IMAGE_TAG).stdout.strip()
-    folder = cache_dir().parent / "images"
-    tar = folder / f"gpu-tune-cpu-{image_id[:16]}.tar"
-    if not tar.is_file():
-        for old in folder.glob("gpu-tune-cpu-*.tar"):
-            old.unlink()
-        # saved under a name of its own: another build may retag IMAGE_TAG meanwhile
-        own = f"localhost/gpu-tune:e2e-{image_id[:16]}"
-        ti.podman("tag", image_id, own)
-        try:
-            save_image(own, tar.with_suffix(".part"))
-        finally:
-            ti.podman("untag", image_id, own, check=False)
-        tar.with_suffix(".part").rename(tar)
-    return tar
-
-
+# -- the cluster ---------------------------------------------------------------------------------
 @pytest.fixture(scope="module")
-def cluster(tmp_path_factory):
-    why = why_no_node()
-    if why is None and shutil.which("podman") is None:
-        why = "podman is not installed (make test installs it when root): the image cannot be built"
-    if why is None:
-        try:
-            binaries()
-        except Missing as exc:
-            why = str(exc)
-    if why:
-        skip_or_fail(why)
-    tmp = tmp_path_factory.mktemp("e2e")
+def cluster(kube_node, tmp_path_factory):
+    """The run's node (tests/realkube/plugin.py: put back and checked after its last module) with
+    the CPU image imported."""
     t0 = time.monotonic()
-    tar = _image(tmp)
-    record_timing("image build (cached) and save (s)", time.monotonic() - t0)
-    before = {p: _read(p) for p in kernel_files()}
-    led = new_ledger("node")
-    node = Node(tmp / "node", led, name=NODE, labels={"nvidia.com/gpu.present": "true"})
-    try:
-        node.start()
-        record_timing("e2e control plane ready (s)", node.timings["control_plane_ready_s"])
-        record_timing("node Ready (s)", node.timings["node_ready_s"])
-        record_timing("image import into containerd (s)", node.import_image(tar, IMAGE_NAME))
-        node.before = before  # type: ignore[attr-defined]
-        node.etc_gpu_tune_before = os.path.isdir("/etc/gpu-tune")  # type: ignore[attr-defined]
-        # what the kubelet itself set at its start (vm.overcommit_memory, kernel.panic ...) aside
-        node.started = {p: _read(p) for p in before}  # type: ignore[attr-defined]
-        node.tmp = tmp  # type: ignore[attr-defined]
-        yield node
-    finally:
-        problems = node.stop()
-        finish_ledger(led)
-        record_timing("node stopped and cleaned (s)", node.timings.get("stop_s", 0.0))
-        for phase in ("stop_components_s", "stop_pods_s", "stop_processes_s"):
-            if phase in node.timings:
-                print(f"realkube: {phase}: {node.timings[phase]:.1f} s")
-        record_timing("end-to-end module, all in (s)", time.monotonic() - t0)
-        after = {p: _read(p) for p in kernel_files()}
-        changed = {p: (before.get(p), v) for p, v in after.items() if p in before and before[p] != v}
-        left = [x for x in (f"/run/netns/{node.netns}", f"/sys/class/net/gtkh{node.run_id}"[:31], "/var/lib/kubelet",
-                            "/run/containerd") if os.path.exists(x)]
-        left += glob.glob(f"/sys/fs/cgroup/*/{node.cgroup}")
-        assert not problems and not changed and not left, \
-            f"the node left: problems {problems}; kernel files changed {changed}; {left}"
+    node = with_image(kube_node, tmp_path_factory)
+    node.etc_gpu_tune_before = os.path.isdir("/etc/gpu-tune")  # type: ignore[attr-defined]
+    yield node
+    record_timing("end-to-end module, the node's start and stop aside (s)", time.monotonic() - t0)
 
 
 def _read(path: str) -> bytes | None:
@@ -345,14 +280,13 @@ def test_a_deleted_agent_pod_is_replaced_by_one_that_writes_nothing(cluster):
 
 def _probe_pids(cluster: Node) -> list[int]:
     pids = []
-    for procs in glob.glob(f"/sys/fs/cgroup/pids/{cluster.cgroup}/**/cgroup.procs", recursive=True):
-        for pid in Path(procs).read_text().split():
-            try:
-                cmd = Path(f"/proc/{pid}/cmdline").read_bytes()
-            except OSError:
-                continue
-            if b"mnist_probe" in cmd:
-                pids.append(int(pid))
+    for pid in sorted(cgroup_pids(cluster.cgroup)):  # (cgroup v1, hybrid or v2)
+        try:
+            cmd = Path(f"/proc/{pid}/cmdline").read_bytes()
+        except OSError:
+            continue
+        if b"mnist_probe" in cmd:
+            pids.append(pid)
     return pids
 
 

@@ -554,3 +554,27 @@ def test_a_publish_right_after_a_failed_read_does_not_retry_again(api, kubeconfi
     assert not r.ok and r.detail == read.detail and len(api.calls) == calls
     api.clear_faults()
     assert pub.read().ok and pub.publish(_want(True)).ok
+
+
+# -- many Nodes from one process (benchmarks/bench_fleet_scale.py) ---------------------------------------
+def test_publishers_sharing_one_client_publish_their_own_nodes_and_leave_it_open(api, kubeconfig):
+    from gpu_tune.cluster.api import CoreV1, reader_configuration
+
+    cfg, source = reader_configuration(kubeconfig)
+    shared = CoreV1(cfg)
+    for n in ("gpu-a", "gpu-b"):
+        api.add_node(n)
+    pubs = [KubePublisher(n, cfg, source=source, api=shared, **FAST) for n in ("gpu-a", "gpu-b")]
+    try:
+        first = pubs[0].publish(_want(True))
+        pools = shared.client.rest_client.pool_manager.pools
+        assert len(pools) == 1
+        pubs[0].close()  # closes nothing the other publisher uses: the connection stays
+        assert len(pools) == 1
+        second = pubs[1].publish(_want(False))
+        assert first.ok and second.ok, (first.detail, second.detail)
+        assert api.node("gpu-a")["metadata"]["labels"]["gpu-tune.io/ready"] == "true"
+        assert api.node("gpu-b")["metadata"]["labels"]["gpu-tune.io/ready"] == "false"
+        assert pubs[1].publish(_want(False)).writes == 0
+    finally:
+        shared.close()

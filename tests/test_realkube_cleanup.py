@@ -142,3 +142,66 @@ def test_make_test_requires_the_cluster_tests_as_root_with_the_binaries_beside_t
     text = (REPO / "Makefile").read_text()
     assert "REQUIRE_CLUSTER := $(shell [ -d ../shared/kube ] && [ \"$$(id -u)\" = 0 ] && echo 1)" in text
     assert "GPU_TUNE_REQUIRE_CLUSTER=$(REQUIRE_CLUSTER) $(BIN)/pytest -q" in text
+
+
+# -- cgroup v1, hybrid and v2: where the harness makes, reads and removes a node's cgroup ----------------
+V1 = """\
+25 30 0:23 / /sys rw,nosuid - sysfs sysfs rw
+31 25 0:28 / /sys/fs/cgroup rw,relatime - tmpfs tmpfs rw,mode=755
+32 31 0:29 / /sys/fs/cgroup/cpu,cpuacct rw,relatime - cgroup cgroup rw,cpu,cpuacct
+35 31 0:32 / /sys/fs/cgroup/memory rw,relatime - cgroup cgroup rw,memory
+39 31 0:36 / /sys/fs/cgroup/pids rw,relatime - cgroup cgroup rw,pids
+40 31 0:37 / /sys/fs/cgroup/systemd rw,relatime - cgroup cgroup rw,xattr,name=systemd
+"""
+HYBRID = V1 + "41 31 0:38 / /sys/fs/cgroup/unified rw,relatime - cgroup2 cgroup2 rw\n"
+V2 = """\
+25 30 0:23 / /sys rw,nosuid - sysfs sysfs rw
+30 25 0:26 / /sys/fs/cgroup rw,nosuid,nodev,noexec,relatime shared:4 - cgroup2 cgroup2 rw,nsdelegate
+90 30 0:26 /kubepods /mnt/elsewhere rw - cgroup2 cgroup2 rw
+91 30 0:26 /some/slice /sys/fs/cgroup/bound rw - cgroup2 cgroup2 rw
+"""
+
+
+@pytest.mark.parametrize("text,layout,roots", [
+    (V1, "v1", ["cpu,cpuacct", "memory", "pids", "systemd"]),
+    (HYBRID, "hybrid", ["cpu,cpuacct", "memory", "pids", "systemd", "unified"]),
+    (V2, "v2", [""]),  # the one tree; a bound sub-cgroup or a mount elsewhere is no hierarchy
+    ("", "none", []),
+])
+def test_the_cgroup_hierarchies_of_each_layout(text, layout, roots):
+    from tests.realkube.cleanup import cgroup_layout, cgroup_roots
+
+    assert cgroup_layout(text) == layout
+    assert cgroup_roots(text) == [Path("/sys/fs/cgroup") / r if r else Path("/sys/fs/cgroup") for r in roots]
+
+
+def _fake_tree(root: Path, children: tuple[str, ...] = ()) -> Path:
+    for d in (root, *(root / c for c in children)):
+        d.mkdir(parents=True, exist_ok=True)
+        (d / "cgroup.procs").write_text("")
+    return root
+
+
+def test_a_nodes_cgroup_on_v2_is_made_in_the_one_tree_not_in_its_child_cgroups(tmp_path):
+    """On v2 the folders under /sys/fs/cgroup are cgroups, not hierarchies: the node's cgroup goes
+    beside them, once."""
+    from tests.realkube.cleanup import cgroup_dirs, cgroup_pids, make_cgroup
+
+    root = _fake_tree(tmp_path / "cgroup", ("system.slice", "user.slice"))
+    assert make_cgroup("gtk-7", [root]) == [root / "gtk-7"]
+    assert not (root / "system.slice" / "gtk-7").exists() and not (root / "user.slice" / "gtk-7").exists()
+    _fake_tree(root / "gtk-7" / "kubepods" / "pod1")
+    (root / "gtk-7" / "kubepods" / "pod1" / "cgroup.procs").write_text("4242\n4243\n")
+    (root / "system.slice" / "cgroup.procs").write_text("1\n")
+    assert cgroup_dirs("gtk-7", [root]) == [root / "gtk-7"]
+    assert cgroup_pids("gtk-7", [root]) == {4242, 4243}
+
+
+def test_a_nodes_cgroup_on_v1_is_made_in_every_hierarchy(tmp_path):
+    from tests.realkube.cleanup import cgroup_dirs, cgroup_pids, make_cgroup
+
+    roots = [_fake_tree(tmp_path / h) for h in ("memory", "pids", "unified")]
+    assert make_cgroup("gtk-7", roots) == [r / "gtk-7" for r in roots]
+    (roots[1] / "gtk-7" / "cgroup.procs").write_text("99\n")
+    assert cgroup_dirs("gtk-7", roots) == [r / "gtk-7" for r in roots]
+    assert cgroup_pids("gtk-7", roots) == {99}

@@ -671,3 +671,42 @@ def test_sigterm_during_a_probe_kills_it_and_exits_fast(tmp_path):
     from gpu_tune.judge.probe.saved import load_probe_results
 
     assert load_probe_results(HostFS(root), "training") is None  # a probe cut short is no verdict to keep
+
+
+# -- passes of agents a rollout started together ----------------------------------------------------------
+def test_the_wait_after_the_first_publish_spreads_over_the_whole_interval():
+    """A rollout starts a fleet's agents within seconds of each other; +-10 % a pass keeps them
+    together for hours. The wait after the first publish is drawn over the whole interval."""
+    import random
+
+    from gpu_tune.serve.agent import pass_wait
+
+    rng = random.Random(7)
+    first = [pass_wait(rng, 60.0, 0.1, after_first_publish=True) for _ in range(2000)]
+    later = [pass_wait(rng, 60.0, 0.1) for _ in range(2000)]
+    assert all(0.0 <= w <= 60.0 for w in first) and min(first) < 3.0 and max(first) > 57.0
+    assert sum(w < 30.0 for w in first) > 800  # as many early as late, not bunched at the interval
+    assert all(54.0 <= w <= 66.0 for w in later)
+
+
+def test_the_loop_draws_the_wait_after_its_first_publish_over_the_interval(monkeypatch):
+    import gpu_tune.serve.agent as agent_module
+
+    drawn: list[bool] = []
+
+    def record(rng, interval, jitter, *, after_first_publish=False):
+        drawn.append(after_first_publish)
+        return 0.01
+
+    monkeypatch.setattr(agent_module, "pass_wait", record)
+    world = World()
+    agent = Agent(world.stages(), interval=0.05, probe_enabled=False)  # the first pass publishes
+    agent.start()
+    try:
+        t0 = time.monotonic()
+        while len(drawn) < 3 and time.monotonic() - t0 < 10:
+            time.sleep(0.01)
+    finally:
+        agent.stop()
+    assert world.calls.get("publish", 0) >= 1
+    assert drawn[:3] == [True, False, False], drawn

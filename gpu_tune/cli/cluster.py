@@ -43,13 +43,18 @@ def fleet_cmd(
     chunk_size: Annotated[int, typer.Option("--chunk-size", min=1, metavar="N",
                                             help="Nodes per page of the list call, as kubectl --chunk-size")] = 500,
 ) -> int:
-    from gpu_tune.cluster.fleet import fleet_report, render_table
+    import time
+
+    from gpu_tune.cluster.fleet import judge_node, render_table, report_of
     from gpu_tune.cluster.api import list_nodes, reader_configuration
 
     cfg, source = reader_configuration(kubeconfig, context)
-    listing = list_nodes(cfg, selector=selector, page_size=chunk_size, source=source)
+    now, stale = time.time(), stale_after * 60.0
+    # each Node judged as its page arrives: what is kept is one row per GPU node, not the fleet's JSON
+    listing = list_nodes(cfg, selector=selector, page_size=chunk_size, source=source,
+                         keep=lambda node: judge_node(node, now=now, stale_after_s=stale))
     log.info("listed %d nodes from %s in %d page(s) (%s)", len(listing.items), listing.server, listing.pages, source)
-    report = fleet_report(listing.items, stale_after_s=stale_after * 60.0)
+    report = report_of(listing.items, now=now, stale_after_s=stale)
     if g.output == "json":
         print_json(report.as_dict())
     else:

@@ -275,11 +275,17 @@ def judge_node(node: Mapping[str, Any], *, now: float, stale_after_s: float = ST
 def fleet_report(nodes: Iterable[Mapping[str, Any]], *, now: float | None = None,
                  stale_after_s: float = STALE_AFTER_S) -> FleetReport:
     now = time.time() if now is None else now
+    return report_of((judge_node(n, now=now, stale_after_s=stale_after_s) for n in nodes), now=now,
+                     stale_after_s=stale_after_s)
+
+
+def report_of(judged: Iterable[FleetNode | None], *, now: float, stale_after_s: float = STALE_AFTER_S) -> FleetReport:
+    """The report of Nodes already judged (:func:`judge_node`: None for a Node not listed), so that
+    a caller can judge each Node as its page arrives and let its JSON go."""
     listed = 0
     rows: list[FleetNode] = []
-    for n in nodes:
+    for row in judged:
         listed += 1
-        row = judge_node(n, now=now, stale_after_s=stale_after_s)
         if row is not None:
             rows.append(row)
     rows.sort(key=lambda r: (STATUS_ORDER.index(r.status), r.name))

@@ -210,13 +210,17 @@ class KubePublisher:
         retry_budget_s: float = 20.0,
         heartbeat_s: float | None = HEARTBEAT_S,
         sleep: Callable[[float], None] = time.sleep,
+        api: CoreV1 | None = None,
     ) -> None:
         self._heartbeat = heartbeat_s
 
         self.node = node_name
         self.source = source
         self._host = configuration.host
-        self._api = CoreV1(configuration)
+        # ``api``: a client shared with other publishers (many Nodes published from one process,
+        # benchmarks/bench_fleet_scale.py); closed by its owner, not here
+        self._owns_api = api is None
+        self._api = CoreV1(configuration) if api is None else api
         self._event_ns = event_namespace
         self._timeout = request_timeout
         self._attempts = max(1, attempts)
@@ -227,7 +231,6 @@ class KubePublisher:
         self._sleep = sleep
         self._lock = threading.Lock()
         self._pending_event: dict[str, Any] | None = None
-        self._node_cache: dict[str, Any] | None = None  # the Node as last read or written
         self._prefetched: dict[str, Any] | None = None  # read() just before a publish(): reused once
         self._read_failed: str | None = None  # ... or why that read failed (retries spent already)
 
@@ -236,6 +239,8 @@ class KubePublisher:
                 f"events in namespace {self._event_ns}")
 
     def close(self) -> None:
+        if not self._owns_api:
+            return
         try:
             self._api.close()
         except Exception:  # noqa: BLE001 - closing a pool must not fail a shutdown
@@ -287,7 +292,6 @@ class KubePublisher:
     def _read_node(self, ctx: _Pass) -> dict[str, Any]:
         node = self._call(ctx, "get", "nodes", lambda: self._api.request(
             "GET", node_path(self.node), timeout=self._timeout), write=False)
-        self._node_cache = node
         ctx.node = node
         if ctx.first is None:
             ctx.first = node
@@ -359,7 +363,6 @@ class KubePublisher:
                 node = self._call(ctx, "patch", "nodes", lambda: self._api.request(
                     "PATCH", node_path(self.node), query=[("fieldManager", COMPONENT)], body=body,
                     content_type=MERGE_PATCH, timeout=self._timeout), write=True)
-                self._node_cache = node
             except _Conflict:
                 node = self._read_node(ctx)
                 continue
@@ -377,7 +380,6 @@ class KubePublisher:
                 node = self._call(ctx, "patch", "nodes/status", lambda: self._api.request(
                     "PATCH", node_path(self.node, "/status"), query=[("fieldManager", COMPONENT)], body=body,
                     content_type=STRATEGIC_MERGE_PATCH, timeout=self._timeout), write=True)
-                self._node_cache = node
             except _Conflict:
                 node = self._read_node(ctx)
                 continue

@@ -2,7 +2,8 @@
 
 Each pass: discover -> GPUs -> audit (mode ``audit``) or re-apply drift (mode ``enforce``, at most
 once per ``enforce_min_interval`` per setting) -> verdict -> publish -> snapshot. Intervals carry
-+-10 % jitter. The probe runs in its own thread (it spawns its own process), at start, every
++-10 % jitter, and the one after the first publish is drawn over the whole interval
+(:func:`pass_wait`: agents started together by a rollout do not keep passing together). The probe runs in its own thread (it spawns its own process), at start, every
 ``probe interval`` and whenever the GPU set, the driver version or the boot id changes, so
 ``/healthz`` and ``/readiness`` keep answering while it runs; when it finishes the loop runs a
 pass at once to publish the new verdict. Each probe run is saved under
@@ -58,6 +59,22 @@ class _ProbeState:
     error: str | None = None
     status: CollectorStatus | None = None
     runs: int = 0
+
+
+def pass_wait(rng: random.Random, interval: float, jitter: float, *, after_first_publish: bool = False) -> float:
+    """Seconds from the end of one pass to the start of the next: ``interval`` +- ``jitter``
+    (a fraction); after the pass that made this agent's first publish (``after_first_publish``),
+    anything from 0 to ``interval``, uniformly. Agents a rollout started together (and whose first
+    publish waited for probes of about the same length) would otherwise keep passing together: +-10 %
+    a pass spreads them by only 3.5 s (at a 60 s interval) times the square root of the passes
+    made, so a change every node sees at once (a label set on every Node, a shared dependency
+    failing) would reach the API server from the whole fleet within a few seconds. The uniform
+    wait spreads the fleet's passes over the interval from then on, at no cost (it never waits
+    longer). benchmarks/bench_fleet_scale.py replays a fleet's passes with this function
+    (docs/fleet.md, "Cost")."""
+    if after_first_publish:
+        return rng.uniform(0.0, interval)
+    return interval * (1 + rng.uniform(-jitter, jitter))
 
 
 class Agent:
@@ -496,11 +513,13 @@ class Agent:
     def _loop(self) -> None:
         while not self._stop.is_set():
             self._wake.clear()
+            published = self._last_publish is not None
             try:
                 self.run_pass()
             except Exception:  # a bug in a pass: /healthz turns 500 if it keeps happening
                 log.exception("loop pass failed")
-            self._wake.wait(self._jittered(self.interval))
+            first = not published and self._last_publish is not None
+            self._wake.wait(pass_wait(self.rng, self.interval, self.jitter, after_first_publish=first))
 
     def _holding_first_publish(self, probe: "_ProbeState") -> bool:
         if self._started_at is None or not self.probe_enabled or self._last_publish is not None:

@@ -19,7 +19,19 @@ a network namespace of its own, with a node address reachable from the test; Rea
 Images are imported from ``podman save`` archives (nothing is pulled). Root only. It changes
 this machine's kernel settings the way any kubelet does (``kernel.panic``,
 ``vm.overcommit_memory``), and pods in it may change more (an enforcing gpu-tune agent tunes
-``vm.*``, THP, IRQ affinity): all of it is saved first and put back at the end.
+``vm.*``, THP, IRQ affinity): all of it is saved first and put back at the end. One per run
+(fixture ``kube_node``), shared by the modules that use it.
+
+**A second node** (:class:`~tests.realkube.joined.JoinedNode`) joins the first: its own kubelet,
+containerd, network namespace, cgroup and a mount namespace of its own (the paths compiled into
+the kubelet and containerd are private bind mounts there), registered with the first node's
+control plane (fixture ``second_kube_node``). The two share this machine's kernel.
+
+cgroups: v1, hybrid (v1 controllers with a v2 tree beside them, as on the machine this was
+written on) and v2 alike: the hierarchies are read from ``/proc/self/mountinfo``
+(:func:`~tests.realkube.cleanup.cgroup_roots`), and a node's cgroup is made, read and removed in
+each of them. Only v1 and hybrid have run a whole node so far; v2 is tested at the level of the
+path logic (tests/test_realkube_cleanup.py).
 
 Binaries: ``KUBE_BIN_DIR`` (default ``../shared/kube`` beside the repository when it exists),
 plain or zstd-compressed with a ``SHA256SUMS``; compressed ones are unpacked once into

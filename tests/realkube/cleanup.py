@@ -82,30 +82,90 @@ def _zombie(pid: int) -> bool:
         return True
 
 
-def cgroup_dirs(rel: str) -> list[Path]:
-    """``rel`` (a cgroup path such as ``gpu-tune-kube-123``) under every mounted hierarchy."""
-    out = []
-    if not CGROUP_ROOT.is_dir():
-        return out
-    for hier in sorted(CGROUP_ROOT.iterdir()):
-        d = hier / rel.strip("/")
-        if d.is_dir():
-            out.append(d)
-    return out
+def cgroup_mounts(mountinfo: str | None = None) -> dict[Path, str]:
+    """Every cgroup hierarchy mounted under ``/sys/fs/cgroup``: its root folder and its type
+    (``cgroup`` for v1, ``cgroup2``), read from ``/proc/self/mountinfo`` (or ``mountinfo``, its
+    text). cgroup v1: one per controller mount (``cpu``, ``memory``, ``pids``, ``name=systemd``
+    ...); hybrid: those and the v2 tree (``/sys/fs/cgroup/unified``); v2 alone: ``/sys/fs/cgroup``
+    itself. (Listing the folders under ``/sys/fs/cgroup`` instead would, on v2, take its child
+    cgroups for hierarchies.)"""
+    if mountinfo is None:
+        try:
+            mountinfo = Path("/proc/self/mountinfo").read_text()
+        except OSError:
+            return {}
+    base = str(CGROUP_ROOT)
+    found: dict[Path, str] = {}
+    for line in mountinfo.splitlines():
+        head, sep, tail = line.partition(" - ")
+        fields = head.split()
+        if not sep or len(fields) < 5 or not tail.split():
+            continue
+        fstype = tail.split()[0]
+        root, mount_point = fields[3], fields[4].replace("\\040", " ")
+        # a bind of a sub-cgroup (root other than /) is not a hierarchy's root
+        if fstype in ("cgroup", "cgroup2") and root == "/" and \
+                (mount_point == base or mount_point.startswith(base + "/")):
+            found[Path(mount_point)] = fstype
+    return dict(sorted(found.items()))
 
 
-def kill_cgroup(rel: str, timeout: float = 20.0) -> None:
+def cgroup_roots(mountinfo: str | None = None) -> list[Path]:
+    """The root folders of :func:`cgroup_mounts`."""
+    return list(cgroup_mounts(mountinfo))
+
+
+def cgroup_layout(mountinfo: str | None = None) -> str:
+    """``v1``, ``hybrid`` (v1 controllers and a v2 tree beside them), ``v2`` or ``none``."""
+    kinds = set(cgroup_mounts(mountinfo).values())
+    if kinds == {"cgroup", "cgroup2"}:
+        return "hybrid"
+    return "v2" if kinds == {"cgroup2"} else ("v1" if kinds else "none")
+
+
+def cgroup_dirs(rel: str, roots: list[Path] | None = None) -> list[Path]:
+    """``rel`` (a cgroup path such as ``gtk-123``) under every mounted hierarchy, where it exists."""
+    return [d for d in ((r / rel.strip("/")) for r in (cgroup_roots() if roots is None else roots)) if d.is_dir()]
+
+
+def make_cgroup(rel: str, roots: list[Path] | None = None) -> list[Path]:
+    """Create the cgroup ``rel`` in every mounted hierarchy (v1: each controller's; v2: the one
+    tree, where the kubelet enables the controllers it needs below it); returns the folders."""
+    made = []
+    for r in (cgroup_roots() if roots is None else roots):
+        if (r / "cgroup.procs").exists():
+            d = r / rel.strip("/")
+            d.mkdir(exist_ok=True)
+            made.append(d)
+    return made
+
+
+def cgroup_pids(rel: str, roots: list[Path] | None = None) -> set[int]:
+    """Every process in the cgroup ``rel`` and below it, in any hierarchy."""
+    pids: set[int] = set()
+    for d in cgroup_dirs(rel, roots):
+        for procs in d.rglob("cgroup.procs"):
+            try:
+                pids.update(int(x) for x in procs.read_text().split())
+            except (OSError, ValueError):
+                pass
+    return pids
+
+
+def kill_cgroup(rel: str, timeout: float = 20.0, roots: list[Path] | None = None) -> None:
     """KILL every process in the cgroup ``rel`` (every hierarchy, every level) until none is
-    left, then remove its folders deepest first."""
+    left, then remove its folders deepest first. On v2, ``cgroup.kill`` first (Linux 5.14+)."""
+    roots = cgroup_roots() if roots is None else roots
+    for d in cgroup_dirs(rel, roots):
+        kill = d / "cgroup.kill"
+        if kill.exists():
+            try:
+                kill.write_text("1")
+            except OSError:
+                pass
     t0 = time.monotonic()
     while time.monotonic() - t0 < timeout:
-        pids = set()
-        for d in cgroup_dirs(rel):
-            for procs in d.rglob("cgroup.procs"):
-                try:
-                    pids.update(int(x) for x in procs.read_text().split())
-                except (OSError, ValueError):
-                    pass
+        pids = cgroup_pids(rel, roots)
         if not pids:
             break
         for pid in pids:
@@ -114,7 +174,7 @@ def kill_cgroup(rel: str, timeout: float = 20.0) -> None:
             except ProcessLookupError:
                 pass
         time.sleep(0.1)
-    for d in cgroup_dirs(rel):
+    for d in cgroup_dirs(rel, roots):
         for sub in sorted((p for p in d.rglob("*") if p.is_dir()), key=lambda p: -len(p.parts)):
             _rmdir(sub)
         _rmdir(d)

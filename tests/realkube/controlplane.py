@@ -78,7 +78,8 @@ def free_port(host: str = "127.0.0.1") -> int:
 
 class ControlPlane:
     def __init__(self, workdir: Path, ledger: Ledger, *, netns: str | None = None, host: str = "127.0.0.1",
-                 extra_hosts: tuple[str, ...] = (), extra_args: tuple[str, ...] = ()) -> None:
+                 extra_hosts: tuple[str, ...] = (), extra_args: tuple[str, ...] = (),
+                 audit_policy: str = AUDIT_POLICY) -> None:
         self.dir = Path(workdir)
         self.ledger = ledger
         self.netns = netns
@@ -90,6 +91,7 @@ class ControlPlane:
         self.pki = PKI(self.dir / "pki")
         self.extra_hosts = extra_hosts
         self.extra_args = list(extra_args)
+        self.audit_policy = audit_policy
         self.procs: list[Proc] = []
         self.audit_log = self.dir / "audit.log"
         self.kubeconfig = self.dir / "admin.kubeconfig"
@@ -112,7 +114,7 @@ class ControlPlane:
         self.admin = self.pki.issue("admin", "test-admin", org="system:masters")
         kubelet_client = self.pki.issue("apiserver-kubelet-client", "kube-apiserver-kubelet-client",
                                         org="kube-apiserver-kubelet-client")
-        (d / "audit-policy.yaml").write_text(AUDIT_POLICY)
+        (d / "audit-policy.yaml").write_text(self.audit_policy)
         (d / "tokens.csv").write_text(f'{ADMIN_TOKEN},test-admin,test-admin,"system:masters"\n')
         env = env_without_proxy()
         etcd_argv = [etcd, "--name", "test", "--data-dir", str(d / "etcd"),

@@ -15,10 +15,15 @@ Layout (``ID`` is the pytest process's pid, so two checkouts never share names):
   imported from the ``pause-*.tar`` beside the binaries, ``restrict_oom_score_adj`` (a root
   without CAP_SYS_RESOURCE), and a second runtime ``nvidia`` that is plain runc, so pods with
   ``runtimeClassName: nvidia`` run (the RuntimeClass is created).
-- the kubelet under the cgroup ``/gtk-ID`` (cgroupfs driver) with its own root folder and
-  pod log folder; the paths compiled into it (``/var/lib/kubelet/device-plugins``,
-  ``/var/log/containers``, ``/run/containerd``, ``/var/lib/cni``) are recorded and removed when
-  the run made them.
+- the kubelet under the cgroup ``/gtk-ID`` (cgroupfs driver; made in every hierarchy: cgroup v1,
+  hybrid or v2, :func:`~tests.realkube.cleanup.cgroup_roots`) with its own root, pod log and
+  FlexVolume folders (the controller-manager's FlexVolume folder too); the paths compiled into it
+  (``/var/lib/kubelet/device-plugins``, ``/var/log/containers``, ``/run/containerd``,
+  ``/var/lib/cni``, and ``/usr/libexec/kubernetes`` should anything still make it) are recorded and
+  removed when the run made them.
+
+A second node joins the first (:class:`~tests.realkube.joined.JoinedNode`): its own network
+namespace, containerd, cgroup and mount namespace, registered with the first node's control plane.
 
 Kernel settings of this machine that the kubelet sets at start (``kernel.panic``,
 ``vm.overcommit_memory`` ...) and that enforce-mode agents change (``vm.*``, THP, IRQ
@@ -39,7 +44,7 @@ from pathlib import Path
 from typing import Any
 
 from tests.realkube.binaries import Missing, binaries, pause_image_tar, tool
-from tests.realkube.cleanup import Ledger, mounts_under
+from tests.realkube.cleanup import Ledger, make_cgroup, mounts_under
 from tests.realkube.controlplane import SERVICE_IP, ApiError, ControlPlane, kubeconfig_text, run_kubectl
 from tests.realkube.procs import Proc, env_without_proxy
 
@@ -61,8 +66,10 @@ HOST_KERNEL_FILES = [
 # Host folders the agent's hostPath volumes write (DirectoryOrCreate).
 AGENT_HOST_DIRS = ["/var/lib/gpu-tune", "/etc/gpu-tune"]
 # Paths compiled into the kubelet, containerd and libcni: removed after when this run made them.
+# (/usr/libexec/kubernetes: the default FlexVolume folder, which the kubelet and the controller-manager
+# create at start unless told another, as they are here)
 FIXED_PATHS = ["/var/lib/kubelet", "/var/log/containers", "/var/log/pods", "/run/containerd", "/var/lib/cni",
-               "/opt/cni"]
+               "/opt/cni", "/usr/libexec/kubernetes"]
 
 
 def kernel_files() -> list[str]:
@@ -93,15 +100,24 @@ def why_no_node() -> str | None:
 class Node:
     """``Node(workdir, ledger).start()``; :attr:`cp` is its control plane."""
 
+    index = 0  # the first node; a node that joins it (tests/realkube/joined.py) is 1
+
     def __init__(self, workdir: Path, ledger: Ledger, *, name: str = "gpu-tune-node", run_id: str | None = None,
                  labels: dict[str, str] | None = None) -> None:
         self.run_id = run_id or str(os.getpid())
         self.name = name
         self.dir = Path(workdir)
         self.ledger = ledger
-        self.netns = f"gtk-{self.run_id}"
-        self.cgroup = f"gtk-{self.run_id}"
-        self.state = Path("/run/gpu-tune-realkube") / f"n{self.run_id}"  # sockets: a short path
+        tag = f"{self.run_id}-{self.index}" if self.index else self.run_id
+        self.netns = f"gtk-{tag}"
+        self.cgroup = f"gtk-{tag}"
+        self.state = Path("/run/gpu-tune-realkube") / f"n{tag}"  # sockets: a short path
+        # this node's addresses: 10.213.213.2 (host end .1), 10.213.214.2 for the next node ...
+        self.node_ip = f"10.213.{213 + self.index}.2"
+        self.host_ip = f"10.213.{213 + self.index}.1"
+        self.pod_cidr = f"10.244.{self.index}.0/24"
+        self.api_ip = NODE_IP  # where this node's kubelet finds the API server
+        self.mntns: str | None = None  # a mount namespace of its own (a node joining another)
         self.labels = dict(labels or {})
         self.procs: list[Proc] = []
         self.cp: ControlPlane | None = None
@@ -119,8 +135,8 @@ class Node:
         self._machine_lock()
         self._record_host()
         self._network()
-        self.cp = ControlPlane(self.dir / "cp", self.ledger, netns=self.netns, host=NODE_IP,
-                               extra_hosts=(NODE_IP,)).start(timeout=60)
+        self.cp = ControlPlane(self.dir / "cp", self.ledger, netns=self.netns, host=self.node_ip,
+                               extra_hosts=(self.node_ip,)).start(timeout=60)
         self.timings["control_plane_ready_s"] = self.cp.ready_s or 0.0
         self._cluster_objects()
         self._containerd()
@@ -161,7 +177,7 @@ class Node:
         for d in (self.dir, self.state):
             led.note("paths", str(d))
             led.note("mount_roots", str(d))
-        led.note("result_prefixes", f"/var/lib/cni/results/gtk-{self.run_id}-")
+        led.note("result_prefixes", f"/var/lib/cni/results/{self.netns}-")
         led.note("cgroups", self.cgroup)
         led.note("cmdline_marks", str(self.sock))  # containerd's shims: -address <sock>
         led.note("netns", self.netns)
@@ -171,22 +187,31 @@ class Node:
     def _sh(self, *argv: str, netns: bool = False, check: bool = True) -> subprocess.CompletedProcess:
         cmd = list(argv)
         if netns:
-            cmd = ["nsenter", f"--net=/run/netns/{self.netns}", "--", *cmd]
+            cmd = ["nsenter", f"--net=/run/netns/{self.netns}", *self._mnt(), "--", *cmd]
         proc = subprocess.run(cmd, capture_output=True, text=True)
         if check and proc.returncode != 0:
             raise RuntimeError(f"{' '.join(cmd)}: exit {proc.returncode}: {proc.stderr.strip()[-800:]}")
         return proc
 
+    def _mnt(self) -> list[str]:
+        return [f"--mount={self.mntns}"] if self.mntns else []
+
+    def _proc(self, name: str, argv: list[Any], grace: float) -> Proc:
+        """A component of this node: in its network namespace (and mount namespace, if any)."""
+        return Proc(name, [str(a) for a in argv], self.dir / f"{name}.log", self.ledger, netns=self.netns,
+                    mntns=self.mntns, env=env_without_proxy(), grace=grace).start()
+
     def _network(self) -> None:
-        host_if, node_if = f"gtkh{self.run_id}"[:15], f"gtkn{self.run_id}"[:15]
+        suffix = "b" * self.index
+        host_if, node_if = f"gtkh{self.run_id}{suffix}"[:15], f"gtkn{self.run_id}{suffix}"[:15]
         self._sh("ip", "netns", "add", self.netns)
         self.ledger.note("netns_inodes", os.stat(f"/run/netns/{self.netns}").st_ino)
         self._sh("ip", "link", "add", host_if, "type", "veth", "peer", "name", node_if)
         self._sh("ip", "link", "set", node_if, "netns", self.netns)
-        self._sh("ip", "addr", "add", f"{HOST_IP}/24", "dev", host_if)
+        self._sh("ip", "addr", "add", f"{self.host_ip}/24", "dev", host_if)
         self._sh("ip", "link", "set", host_if, "up")
-        for cmd in (["ip", "link", "set", "lo", "up"], ["ip", "addr", "add", f"{NODE_IP}/24", "dev", node_if],
-                    ["ip", "link", "set", node_if, "up"], ["ip", "route", "add", "default", "via", HOST_IP],
+        for cmd in (["ip", "link", "set", "lo", "up"], ["ip", "addr", "add", f"{self.node_ip}/24", "dev", node_if],
+                    ["ip", "link", "set", node_if, "up"], ["ip", "route", "add", "default", "via", self.host_ip],
                     ["sysctl", "-qw", "net.ipv4.ip_forward=1"],
                     ["sysctl", "-qw", "net.ipv4.conf.all.route_localnet=1"]):
             self._sh(*cmd, netns=True)
@@ -194,22 +219,25 @@ class Node:
         # the bridge (PREROUTING)
         for chain in ("OUTPUT", "PREROUTING"):
             self._sh("iptables", "-t", "nat", "-A", chain, "-d", SERVICE_IP, "-p", "tcp", "--dport", "443",
-                     "-j", "DNAT", "--to-destination", f"{NODE_IP}:6443", netns=True)
+                     "-j", "DNAT", "--to-destination", f"{self.api_ip}:6443", netns=True)
 
-    def _certs(self) -> dict[str, Any]:
+    def _certs(self, *kinds: str) -> dict[str, Any]:
         assert self.cp is not None
         pki = self.cp.pki
-        return {
-            "kubelet": pki.issue("kubelet", f"system:node:{self.name}", org="system:nodes"),
-            "kubelet-serving": pki.issue("kubelet-serving", self.name, hosts=(NODE_IP, self.name), server=True),
-            "controller-manager": pki.issue("controller-manager", "system:kube-controller-manager"),
-            "scheduler": pki.issue("scheduler", "system:kube-scheduler"),
+        make = {
+            "kubelet": lambda: pki.issue(f"kubelet-{self.name}", f"system:node:{self.name}", org="system:nodes"),
+            "kubelet-serving": lambda: pki.issue(f"kubelet-serving-{self.name}", self.name,
+                                                 hosts=(self.node_ip, self.name), server=True),
+            "controller-manager": lambda: pki.issue("controller-manager", "system:kube-controller-manager"),
+            "scheduler": lambda: pki.issue("scheduler", "system:kube-scheduler"),
         }
+        return {k: make[k]() for k in kinds}
 
     def _kubeconfig(self, name: str, pair: Any) -> Path:
         assert self.cp is not None
         path = self.dir / f"{name}.kubeconfig"
-        path.write_text(kubeconfig_text(f"https://{NODE_IP}:6443", self.cp.pki.ca.cert, cert=pair.cert, key=pair.key))
+        path.write_text(kubeconfig_text(f"https://{self.api_ip}:6443", self.cp.pki.ca.cert, cert=pair.cert,
+                                        key=pair.key))
         return path
 
     def _cluster_objects(self) -> None:
@@ -230,12 +258,12 @@ class Node:
         cni_conf = self.state / "cni"
         for p in (d, st, cni_conf):
             p.mkdir(parents=True, exist_ok=True)
-        net = f"gtk-{self.run_id}"
+        net = self.netns
         (cni_conf / "10-gtk.conflist").write_text(json.dumps({
             "cniVersion": "0.4.0", "name": net,
             "plugins": [
                 {"type": "bridge", "bridge": "cni0", "isGateway": True, "ipMasq": True, "hairpinMode": True,
-                 "ipam": {"type": "host-local", "ranges": [[{"subnet": POD_CIDR}]], "routes": [{"dst": "0.0.0.0/0"}],
+                 "ipam": {"type": "host-local", "ranges": [[{"subnet": self.pod_cidr}]], "routes": [{"dst": "0.0.0.0/0"}],
                           "dataDir": str(self.state / "ipam")}},
                 {"type": "portmap", "capabilities": {"portMappings": True}},
             ]}, indent=1))
@@ -274,10 +302,8 @@ disabled_plugins = ["io.containerd.snapshotter.v1.aufs", "io.containerd.snapshot
 """ + runtime % ("runc", "runc") + runtime % (RUNTIME_CLASS, RUNTIME_CLASS)
         (self.dir / "containerd.toml").write_text(config)
         # (its locked-memory limit stays this machine's: raising it takes CAP_SYS_RESOURCE)
-        self.procs.append(Proc("containerd", [tool("containerd", "containerd"), "--config",
-                                              str(self.dir / "containerd.toml"), "--log-level", "warn"],
-                               self.dir / "containerd.log", self.ledger, netns=self.netns,
-                               env=env_without_proxy(), grace=5).start())
+        self.procs.append(self._proc("containerd", [tool("containerd", "containerd"), "--config",
+                                                    self.dir / "containerd.toml", "--log-level", "warn"], grace=5))
         t0 = time.monotonic()
         while self.ctr("version", check=False).returncode != 0:
             self.procs[-1].check()
@@ -300,39 +326,34 @@ disabled_plugins = ["io.containerd.snapshotter.v1.aufs", "io.containerd.snapshot
     def _controllers(self, bins: dict[str, Path]) -> None:
         cp = self.cp
         assert cp is not None
-        certs = self._certs()
+        certs = self._certs("controller-manager", "scheduler")
         pki = cp.pki
-        env = env_without_proxy()
         cm_kc = self._kubeconfig("controller-manager", certs["controller-manager"])
-        self.procs.append(Proc("kube-controller-manager", [
-            str(bins["kube-controller-manager"]), f"--kubeconfig={cm_kc}",
+        self.procs.append(self._proc("kube-controller-manager", [
+            bins["kube-controller-manager"], f"--kubeconfig={cm_kc}",
             f"--authentication-kubeconfig={cm_kc}", f"--authorization-kubeconfig={cm_kc}",
             "--use-service-account-credentials", f"--service-account-private-key-file={pki.sa_key}",
             f"--root-ca-file={pki.ca.cert}", f"--cluster-signing-cert-file={pki.ca.cert}",
             f"--cluster-signing-key-file={pki.ca.key}", "--allocate-node-cidrs", f"--cluster-cidr={CLUSTER_CIDR}",
             "--node-cidr-mask-size=24", "--leader-elect=false", "--bind-address=127.0.0.1", "--secure-port=10257",
-            "--v=1"],
-            self.dir / "kube-controller-manager.log", self.ledger, netns=self.netns, env=env, grace=3).start())
+            f"--flex-volume-plugin-dir={self.dir / 'volume-plugins'}", "--v=1"], grace=3))
         sch_kc = self._kubeconfig("scheduler", certs["scheduler"])
-        self.procs.append(Proc("kube-scheduler", [
-            str(bins["kube-scheduler"]), f"--kubeconfig={sch_kc}", f"--authentication-kubeconfig={sch_kc}",
+        self.procs.append(self._proc("kube-scheduler", [
+            bins["kube-scheduler"], f"--kubeconfig={sch_kc}", f"--authentication-kubeconfig={sch_kc}",
             f"--authorization-kubeconfig={sch_kc}", "--leader-elect=false", "--bind-address=127.0.0.1",
-            "--secure-port=10259", "--v=1"],
-            self.dir / "kube-scheduler.log", self.ledger, netns=self.netns, env=env, grace=3).start())
+            "--secure-port=10259", "--v=1"], grace=3))
 
     def _kubelet(self, bins: dict[str, Path]) -> None:
         cp = self.cp
         assert cp is not None
-        certs = self._certs()
+        certs = self._certs("kubelet", "kubelet-serving")
         kc = self._kubeconfig("kubelet", certs["kubelet"])
         root = self.dir / "kubelet"
         logs = self.dir / "pod-logs"
         root.mkdir(parents=True, exist_ok=True)
         logs.mkdir(parents=True, exist_ok=True)
-        # the kubelet's pod cgroups live under /gtk-ID in every hierarchy
-        for hier in sorted(Path("/sys/fs/cgroup").iterdir()):
-            if hier.is_dir() and (hier / "cgroup.procs").exists():
-                (hier / self.cgroup).mkdir(exist_ok=True)
+        # the kubelet's pod cgroups live under /gtk-ID in every hierarchy (v1, hybrid or v2)
+        make_cgroup(self.cgroup)
         config = {
             "apiVersion": "kubelet.config.k8s.io/v1beta1", "kind": "KubeletConfiguration",
             "failCgroupV1": False, "cgroupDriver": "cgroupfs", "cgroupRoot": f"/{self.cgroup}",
@@ -341,7 +362,8 @@ disabled_plugins = ["io.containerd.snapshotter.v1.aufs", "io.containerd.snapshot
                                "x509": {"clientCAFile": str(cp.pki.ca.cert)}},
             "authorization": {"mode": "Webhook"},
             "tlsCertFile": str(certs["kubelet-serving"].cert), "tlsPrivateKeyFile": str(certs["kubelet-serving"].key),
-            "address": NODE_IP, "healthzBindAddress": "127.0.0.1",
+            "address": self.node_ip, "healthzBindAddress": "127.0.0.1",
+            "volumePluginDir": str(self.dir / "volume-plugins"),
             "containerRuntimeEndpoint": f"unix://{self.sock}", "podLogsDir": str(logs),
             "resolvConf": "/etc/resolv.conf", "maxPods": 30, "serializeImagePulls": False,
             "evictionHard": {"memory.available": "1Mi", "nodefs.available": "1%", "nodefs.inodesFree": "1%",
@@ -354,11 +376,10 @@ disabled_plugins = ["io.containerd.snapshotter.v1.aufs", "io.containerd.snapshot
         (self.dir / "kubelet.yaml").write_text(json.dumps(config, indent=1))
         labels = ",".join(f"{k}={v}" for k, v in self.labels.items())
         argv = [str(bins["kubelet"]), f"--config={self.dir / 'kubelet.yaml'}", f"--kubeconfig={kc}",
-                f"--root-dir={root}", f"--hostname-override={self.name}", f"--node-ip={NODE_IP}", "--v=1"]
+                f"--root-dir={root}", f"--hostname-override={self.name}", f"--node-ip={self.node_ip}", "--v=1"]
         if labels:
             argv.append(f"--node-labels={labels}")
-        self.procs.append(Proc("kubelet", argv, self.dir / "kubelet.log", self.ledger, netns=self.netns,
-                               env=env_without_proxy(), grace=5).start())
+        self.procs.append(self._proc("kubelet", argv, grace=5))
 
     def _wait_ready(self, t0: float, timeout: float) -> None:
         assert self.cp is not None
@@ -428,7 +449,7 @@ disabled_plugins = ["io.containerd.snapshotter.v1.aufs", "io.containerd.snapshot
             from tests.realkube.cleanup import kill_matching
 
             kill_matching([], [str(self.sock)])  # the shims containerd left behind
-            if self.cp is not None:
+            if self.cp is not None and self.index == 0:  # a joining node's is the first node's
                 self.cp.stop()
             self.timings["stop_processes_s"] = time.monotonic() - t0
         finally:

@@ -1,5 +1,6 @@
 """A component process: started in its own process group (optionally inside a network
-namespace), its output in a log file, recorded in the run's ledger before anything else."""
+namespace, and a mount namespace), its output in a log file, recorded in the run's ledger before
+anything else."""
 
 from __future__ import annotations
 
@@ -12,13 +13,15 @@ from tests.realkube.cleanup import Ledger, alive, kill_tree, start_time
 
 class Proc:
     def __init__(self, name: str, argv: list[str], log: Path, ledger: Ledger, *, netns: str | None = None,
-                 env: dict[str, str] | None = None, grace: float = 10.0, prlimit: list[str] | None = None) -> None:
+                 env: dict[str, str] | None = None, grace: float = 10.0, prlimit: list[str] | None = None,
+                 mntns: str | None = None) -> None:
         self.name, self.log, self.ledger, self.grace = name, log, ledger, grace
         cmd = list(argv)
         if prlimit:
             cmd = ["prlimit", *prlimit, "--", *cmd]
-        if netns:
-            cmd = ["nsenter", f"--net=/run/netns/{netns}", "--", *cmd]
+        if netns or mntns:  # (a persistent mount namespace: a file that unshare --mount=FILE bound it to)
+            cmd = ["nsenter", *([f"--net=/run/netns/{netns}"] if netns else []),
+                   *([f"--mount={mntns}"] if mntns else []), "--", *cmd]
         self.argv = cmd
         self.env = env
         self.popen: subprocess.Popen | None = None
