@@ -18,8 +18,19 @@ from gpu_tune.tune.knobs import fixable
 from gpu_tune.cluster.publisher import PublishResult
 from gpu_tune.tune.profile import Profile
 from gpu_tune.tune.policy import load_profile
-from gpu_tune.judge.readiness import allocatable_check, driver_cuda_check, verdict
+from gpu_tune.gpu.base import GpuInfo
+from gpu_tune.judge.checks.cluster import DevicePlugin
+from gpu_tune.judge.checks.driver import Driver
+from gpu_tune.judge.readiness import verdict
 from tests.fixtures import pcigen
+
+
+def allocatable_check(gpus, publish, *, required=False):
+    return DevicePlugin().allocatable([GpuInfo.from_dict(g) for g in gpus], publish, required=required)
+
+
+def driver_cuda_check(topology, gpus=()):
+    return Driver().driver_cuda(topology, [GpuInfo.from_dict(g) for g in gpus])
 
 GPU_DIR = pcigen.GPU_JSON_DIR
 

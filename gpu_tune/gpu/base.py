@@ -116,6 +116,8 @@ class GpuInfo:
         """The inverse of :meth:`as_dict` (what the agent keeps between passes); unknown keys are
         left out."""
         kw: dict[str, Any] = {k: d[k] for k in _FIELDS if k in d}
+        for key in ("uuid", "name", "pci_bus_id"):  # a document of a GPU that could not say them
+            kw.setdefault(key, "")
         kw["clock_throttle_reasons"] = tuple(d.get("clock_throttle_reasons") or ())
         kw["xid_events"] = tuple(int(x) for x in (d.get("xid_events") or ()))
         if isinstance(d.get("remapped_rows"), Mapping):
