@@ -35,6 +35,7 @@ import glob
 import json
 import os
 import re
+import shutil
 import subprocess
 import sys
 import time

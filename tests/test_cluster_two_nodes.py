@@ -14,7 +14,7 @@ both. The agents take their GPUs from the fixture backend, a file per node
    node, and lets it write its own.
 4. Enforce on one node only (the ``gpu-tune.io/profile-request`` label; the nodes share this
    machine's kernel, so never both), then its revert label: that node's agent restores the host
-   and says ``Reverted``; the other node's agent stays in audit, not reverted, its Node untouched
+   and says it reverted (``tuning.reverted``; the condition names the more urgent GPU it cannot see); the other node's agent stays in audit, not reverted, its Node untouched
    by the first node's agent.
 
 The module leaves no release installed and no label it set.
@@ -250,7 +250,9 @@ def test_the_fleet_view_lists_both_nodes_with_their_own_verdicts(nodes):
     rows = {r["node"]: r for r in doc["nodes"]}
     assert set(rows) == {a.name, b.name}, rows.keys()
     assert rows[a.name]["gpu_count"] == 2 and rows[a.name]["gpu_model"] == "NVIDIA-H100-80GB-HBM3", rows[a.name]
-    assert rows[b.name]["gpu_count"] == 0, rows[b.name]
+    # its agent counts none; nothing else in the cluster (device plugin, GFD) says how many it has
+    assert rows[b.name]["agent_gpu_count"] == 0 and rows[b.name]["agent_sees_none"], rows[b.name]
+    assert rows[b.name]["gpu_count"] is None, rows[b.name]
     # the second node says it has GPUs (its label) and its agent sees none: its most urgent reason,
     # and not the first node's
     assert rows[b.name]["status"] == "NotReady", rows[b.name]
@@ -327,9 +329,17 @@ def test_enforce_on_one_node_and_its_revert_label_act_on_that_node_only(nodes):
     wait_for("the originals back", lambda: all(sysctl(k) == v for k, v in originals.items()),
              INTERVAL * 1.1 + 10, a, every=0.2)
     record_timing("two nodes: revert label to the host restored (s)", time.monotonic() - t0)
-    cond = wait_for("Reverted on the second node", lambda: (c := condition(a, b.name)) and c["reason"] == "Reverted"
-                    and c, 2 * INTERVAL, a)
-    assert cond["status"] == "False", cond
+    # the second node's agent says it reverted; its condition still names the more urgent fault
+    # (its agent sees no GPU: GpusNotVisible outranks Reverted) and lists the revert among the rest
+    def reverted():
+        code, body = agent_http(b.node_ip, "/readiness")
+        checks = {c["name"]: c for c in body.get("checks", [])}
+        rev = checks.get("tuning.reverted") or {}
+        return code == 503 and rev.get("ok") is False and "originals are restored" in rev.get("detail", "") and body
+    wait_for("the second node's agent reports tuning.reverted", reverted, 2 * INTERVAL, a)
+    cond = wait_for("the second node's condition written after the revert",
+                    lambda: (c := condition(a, b.name)) and "tuning.reverted" in c["message"] and c, 2 * INTERVAL, a)
+    assert cond["status"] == "False" and cond["reason"] == "GpusNotVisible", cond
     # the first node: its agent still audits, its Node has no mode label and is not reverted
     status, body = agent_http(a.node_ip, "/agent-ready")
     assert status == 200 and body["mode"] == "audit", body

@@ -5,6 +5,7 @@ Physical (mlx5, ENA-style) NICs whose link is the PCI function keep working."""
 from __future__ import annotations
 
 import os
+import pytest
 import shutil
 from pathlib import Path
 
