@@ -144,6 +144,7 @@ class PodWatch(threading.Thread):
         listing = self.cp.request("GET", f"/api/v1/namespaces/{NS}/pods?labelSelector={self.selector}")
         for pod in listing["items"]:
             self._seen("LISTED", pod)
+        self.max_unavailable = len(self.unavailable())  # counted from the whole listing, not pod by pod
         self.rv = listing["metadata"]["resourceVersion"]
         self.conn = http.client.HTTPSConnection(self.cp.host, self.cp.port, context=self.cp.ssl_context(), timeout=600)
         self.t0 = time.monotonic()
