@@ -757,6 +757,25 @@ def busy_loops(n: int) -> list[subprocess.Popen]:
                              stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL) for _ in range(n)]
 
 
+def probe_under_load(ctx: dict[str, Any], r: Runner, host: dict[str, Any], load: str,
+                     *args: str) -> tuple[dict[str, Any], Any, int]:
+    """One probe run, idle or (``load == "busy"``) with one busy loop per CPU started a second
+    before it and stopped after it: (the run, the load average before it, how many loops)."""
+    loops: list[subprocess.Popen] = []
+    try:
+        if load == "busy":
+            loops = busy_loops(os.cpu_count() or 1)
+            time.sleep(1.0)
+        la = loadavg()
+        p = run_probe(ctx, r, host, *args)
+    finally:
+        for lp in loops:
+            lp.kill()
+        for lp in loops:
+            lp.wait()
+    return p, la, len(loops)
+
+
 def step_fingerprint(ctx: dict[str, Any], r: Runner) -> dict[str, Any]:
     """The probe ``n`` times idle and ``n`` times with one busy loop per CPU, interleaved (idle,
     busy, idle, ...) so that a step cut short by its time still compares both. A run is not
@@ -772,20 +791,9 @@ def step_fingerprint(ctx: dict[str, Any], r: Runner) -> dict[str, Any]:
             notes.append(f"stopped after {len(runs)} of {len(plan)} runs: {r.left():.0f} s of the step's time left")
             say(f"    {notes[-1]}")
             break
-        loops: list[subprocess.Popen] = []
-        try:
-            if load == "busy":
-                loops = busy_loops(os.cpu_count() or 1)
-                time.sleep(1.0)
-            la = loadavg()
-            p = run_probe(ctx, r, host)
-        finally:
-            for lp in loops:
-                lp.kill()
-            for lp in loops:
-                lp.wait()
+        p, la, nloops = probe_under_load(ctx, r, host, load)
         rows = probe_rows(p["json"])
-        runs.append({"load": load, "run": i + 1, "busy_loops": len(loops), "loadavg_before": la,
+        runs.append({"load": load, "run": i + 1, "busy_loops": nloops, "loadavg_before": la,
                      "rc": p["rc"], "seconds": p["seconds"],
                      "gpus": [{k2: row[k2] for k2 in ("gpu", "status", "fingerprint", "accuracy",
                                                       "time_to_verdict_seconds", "peer_group")} for row in rows],
@@ -838,20 +846,9 @@ def step_verdict(ctx: dict[str, Any], r: Runner) -> dict[str, Any]:
             break
         if cache == "cold":
             shutil.rmtree(_cache_folder(host), ignore_errors=True)
-        loops: list[subprocess.Popen] = []
-        try:
-            if load == "busy":
-                loops = busy_loops(os.cpu_count() or 1)
-                time.sleep(1.0)
-            la = loadavg()
-            p = run_probe(ctx, r, host, *(["--no-compile-cache"] if cache == "none" else []))
-        finally:
-            for lp in loops:
-                lp.kill()
-            for lp in loops:
-                lp.wait()
+        p, la, nloops = probe_under_load(ctx, r, host, load, *(["--no-compile-cache"] if cache == "none" else []))
         rows = probe_rows(p["json"])
-        runs.append({"cache": cache, "load": load, "busy_loops": len(loops), "loadavg_before": la, "rc": p["rc"],
+        runs.append({"cache": cache, "load": load, "busy_loops": nloops, "loadavg_before": la, "rc": p["rc"],
                      "seconds": p["seconds"],
                      "gpus": [{"gpu": row["gpu"], "status": row["status"], "fingerprint": row["fingerprint"],
                                "time_to_verdict_seconds": row["time_to_verdict_seconds"], "timings": row["timings"],
