@@ -39,8 +39,6 @@ import shutil
 import subprocess
 import sys
 import time
-import urllib.error
-import urllib.request
 from pathlib import Path
 
 import pytest
@@ -48,7 +46,8 @@ import yaml
 
 from gpu_tune.cluster.labels import CONDITION_TYPE, PREFIX, TAINT_KEY
 from tests import skips
-from tests.clusterkit import with_image
+from tests import clusterkit
+from tests.clusterkit import wait_for, with_image
 from tests.realkube.cleanup import cgroup_pids
 from tests.realkube.controlplane import ApiError
 from tests.realkube.node import NODE_IP, Node
@@ -140,28 +139,7 @@ def events(cluster: Node) -> list[dict]:
 
 
 def agent_http(path: str) -> tuple[int, dict]:
-    opener = urllib.request.build_opener(urllib.request.ProxyHandler({}))
-    try:
-        with opener.open(f"http://{NODE_IP}:9410{path}", timeout=5) as r:
-            return r.status, json.loads(r.read())
-    except urllib.error.HTTPError as exc:
-        return exc.code, json.loads(exc.read() or b"{}")
-
-
-def wait_for(what: str, fn, timeout: float, cluster: Node | None = None, every: float = 0.5):
-    t0 = time.monotonic()
-    last = None
-    while time.monotonic() - t0 < timeout:
-        try:
-            last = fn()
-        except (OSError, ApiError, ValueError) as exc:
-            last = exc
-        else:
-            if last:
-                return last
-        time.sleep(every)
-    extra = f"\n{cluster.logs()}" if cluster is not None else ""
-    raise AssertionError(f"{what}: not within {timeout:.0f} s (last: {last!r}){extra}")
+    return clusterkit.agent_http(NODE_IP, path)
 
 
 def agent_pods(cluster: Node, instance: str) -> list[dict]:
@@ -659,3 +637,18 @@ def test_a_fatal_xid_in_a_fixture_hosts_kernel_log_holds_the_node_until_it_reboo
         assert find_condition(node_obj(cluster), "AcceleratedHardwareReady")["status"] == "True"
     finally:
         shutil.rmtree(FIXTURE_HOST, ignore_errors=True)
+        _leave_the_node_as_found(cluster)
+
+
+def _leave_the_node_as_found(cluster: Node) -> None:
+    """No agent, no GPUs offered, none of the agents' conditions: a module after this one starts
+    from a node no agent has judged (an agent that finds a node ready and judges it not ready
+    keeps its pod unready: /agent-ready)."""
+    kubectl(cluster, "-n", NS, "delete", "daemonset", "gpu-tune-audit", "--ignore-not-found", "--wait=true",
+            "--timeout=120s", check=False, timeout=150)
+    assert cluster.cp is not None
+    keep = [c for c in node_obj(cluster)["status"].get("conditions", [])
+            if c["type"] not in (CONDITION_TYPE, "AcceleratedHardwareReady")]
+    cluster.cp.request("PATCH", f"/api/v1/nodes/{NODE}/status",
+                       {"status": {"conditions": keep, "capacity": {"nvidia.com/gpu": None},
+                                   "allocatable": {"nvidia.com/gpu": None}}}, "application/merge-patch+json")
