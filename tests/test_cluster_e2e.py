@@ -47,11 +47,11 @@ import yaml
 from gpu_tune.cluster.labels import CONDITION_TYPE, PREFIX, TAINT_KEY
 from tests import skips
 from tests import clusterkit
-from tests.clusterkit import wait_for, with_image
+from tests.clusterkit import helm, wait_for, with_image
 from tests.realkube.cleanup import cgroup_pids
 from tests.realkube.controlplane import ApiError
 from tests.realkube.node import NODE_IP, Node
-from tests.realkube.plugin import NODE_NAME, record_timing
+from tests.realkube.plugin import NODE_NAME, read_or_none, record_timing
 
 pytestmark = pytest.mark.slow
 
@@ -76,32 +76,8 @@ def cluster(kube_node, tmp_path_factory):
     record_timing("end-to-end module, the node's start and stop aside (s)", time.monotonic() - t0)
 
 
-def _read(path: str) -> bytes | None:
-    try:
-        with open(path, "rb") as fh:
-            return fh.read()
-    except OSError:
-        return None
-
-
 def kubectl(cluster: Node, *args: str, check: bool = True, timeout: float = 330) -> subprocess.CompletedProcess:
     return cluster.kubectl(*args, check=check, timeout=timeout)
-
-
-def helm(cluster: Node, *args: str, check: bool = True, timeout: float = 330) -> subprocess.CompletedProcess:
-    from tests.helmbin import helm_binary
-    from tests.realkube.procs import env_without_proxy
-
-    assert cluster.cp is not None
-    env = {**env_without_proxy(), "KUBECONFIG": str(cluster.cp.kubeconfig),
-           "HELM_CACHE_HOME": str(cluster.tmp / "helm-cache"), "HELM_CONFIG_HOME": str(cluster.tmp / "helm-config"),
-           "HELM_DATA_HOME": str(cluster.tmp / "helm-data")}
-    proc = subprocess.run([str(helm_binary()), *args], capture_output=True, text=True, timeout=timeout, env=env)
-    if check and proc.returncode != 0:
-        evs = kubectl(cluster, "-n", NS, "get", "events", "--sort-by=.lastTimestamp", check=False).stdout
-        raise AssertionError(f"helm {' '.join(args)}: exit {proc.returncode}\n{proc.stdout[-3000:]}\n"
-                             f"{proc.stderr[-3000:]}\nevents in {NS}:\n{evs[-3000:]}\n{cluster.logs()}")
-    return proc
 
 
 def rollout(cluster: Node, ds: str, what: str) -> float:
@@ -218,7 +194,7 @@ def test_helm_install_of_the_read_only_default_rolls_out_and_publishes(cluster):
     assert checks["gpu.xid"]["ok"] and "kernel log: syslog(2)" in checks["gpu.xid"]["detail"], checks
     assert "gpu.kernel_log" not in checks, checks["gpu.kernel_log"]
     # read-only: not one kernel setting of this machine changed
-    changed = [p for p in cluster.started if _read(p) != cluster.started[p]]
+    changed = [p for p in cluster.started if read_or_none(p) != cluster.started[p]]
     assert not [p for p in changed if p.startswith(("/proc/sys/vm", "/sys/kernel/mm", "/proc/irq"))], changed
     proc = helm(cluster, "test", "gpu-tune", "-n", NS, "--logs", "--timeout", "180s")
     assert "/agent-ready: HTTP 200" in proc.stdout, proc.stdout

@@ -15,15 +15,7 @@ import time
 import pytest
 
 from tests.conftest import REPO, run_cli
-
-
-def _alive(pid: int) -> bool:
-    """Running (a zombie is dead, awaiting its reaper)."""
-    try:
-        with open(f"/proc/{pid}/stat") as fh:
-            return fh.read().rsplit(")", 1)[1].split()[0] != "Z"
-    except FileNotFoundError:
-        return False
+from tests.realkube.cleanup import alive
 
 
 def _kill_parent_and_watch_the_child(argv: list[str], env: dict[str, str], log) -> tuple[int, float]:
@@ -41,15 +33,15 @@ def _kill_parent_and_watch_the_child(argv: list[str], env: dict[str, str], log) 
             if log.exists() and log.read_text().strip():
                 child = json.loads(log.read_text().splitlines()[0])["pid"]
             time.sleep(0.05)
-        assert _alive(child)
+        assert alive(child, None)
     finally:
         proc.kill()
         proc.wait(30)
     t0 = time.monotonic()
-    while _alive(child) and time.monotonic() - t0 < 20:
+    while alive(child, None) and time.monotonic() - t0 < 20:
         time.sleep(0.05)
     lived = time.monotonic() - t0
-    if _alive(child):
+    if alive(child, None):
         os.kill(child, signal.SIGKILL)  # leave nothing behind, whatever the test says
     return child, lived
 

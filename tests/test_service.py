@@ -25,6 +25,7 @@ from gpu_tune.serve.options import ServeOptions
 from gpu_tune.serve.stages import Stages
 
 from .test_readiness import AUDIT_OK, Pub, h100
+from tests.realkube.cleanup import alive
 
 REPO = Path(__file__).resolve().parents[1]
 
@@ -249,7 +250,6 @@ def test_enforce_rewrites_only_the_settings_past_their_limit():
     world.audit_doc = {"profile": "training", "compliant": False, "settings": [sw, {**thp, "status": "drift"}]}
     agent.run_pass()
     assert world.enforce_only == {("thp.enabled", "host")}
-
 
 
 def test_enforce_row_held_back_by_the_rate_limit_says_so():
@@ -613,14 +613,6 @@ time.sleep(300)
 '''
 
 
-def _alive(pid: int) -> bool:
-    try:
-        with open(f"/proc/{pid}/stat") as fh:
-            return fh.read().rsplit(")", 1)[1].split()[0] != "Z"
-    except FileNotFoundError:
-        return False
-
-
 def test_sigterm_during_a_probe_kills_it_and_exits_fast(tmp_path):
     """A real `gpu-tune serve` with a probe that would run for minutes: SIGTERM ends the agent in
     well under 5 s (the pod's grace period is 30 s) and leaves no probe process behind."""
@@ -650,7 +642,7 @@ def test_sigterm_during_a_probe_kills_it_and_exits_fast(tmp_path):
             time.sleep(0.05)
         assert pids.exists(), proc.stderr.read() if proc.poll() is not None else "the probe did not start"
         probe_pid, grandchild = map(int, pids.read_text().split())
-        assert _alive(probe_pid) and _alive(grandchild)
+        assert alive(probe_pid, None) and alive(grandchild, None)
         t0 = time.monotonic()
         proc.send_signal(signal.SIGTERM)
         rc = proc.wait(30)
@@ -663,9 +655,9 @@ def test_sigterm_during_a_probe_kills_it_and_exits_fast(tmp_path):
     assert rc == 0, err
     assert took < 5.0, f"SIGTERM to exit took {took:.1f}s"
     deadline = time.monotonic() + 2
-    while (_alive(probe_pid) or _alive(grandchild)) and time.monotonic() < deadline:
+    while (alive(probe_pid, None) or alive(grandchild, None)) and time.monotonic() < deadline:
         time.sleep(0.05)
-    assert not _alive(probe_pid) and not _alive(grandchild), "a probe process outlived the agent"
+    assert not alive(probe_pid, None) and not alive(grandchild, None), "a probe process outlived the agent"
     assert "Traceback" not in err
     from gpu_tune.host.fs import HostFS
     from gpu_tune.judge.probe.saved import load_probe_results

@@ -133,7 +133,8 @@ NODE_LABELS = {"nvidia.com/gpu.present": "true"}  # as the GPU Operator labels a
 _SHARED: dict[str, Any] = {}
 
 
-def _read(path: str) -> bytes | None:
+def read_or_none(path: str) -> bytes | None:
+    """The file's bytes, or None where it cannot be read."""
     try:
         with open(path, "rb") as fh:
             return fh.read()
@@ -161,7 +162,7 @@ def traces(node: Any, before: dict[str, Any]) -> list[str]:
     from tests.realkube.node import kernel_files
 
     out = [f"kernel file {p} changed: {before['kernel'].get(p)!r} -> {v!r}"
-           for p, v in ((p, _read(p)) for p in kernel_files()) if p in before["kernel"] and before["kernel"][p] != v]
+           for p, v in ((p, read_or_none(p)) for p in kernel_files()) if p in before["kernel"] and before["kernel"][p] != v]
     suffix = "b" * node.index
     for p in (f"/run/netns/{node.netns}", f"/sys/class/net/gtkh{node.run_id}{suffix}"[:31], str(node.state),
               *before["absent"]):
@@ -174,7 +175,7 @@ def traces(node: Any, before: dict[str, Any]) -> list[str]:
 def _before_node() -> dict[str, Any]:
     from tests.realkube.node import FIXED_PATHS, kernel_files
 
-    return {"kernel": {p: _read(p) for p in kernel_files()}, "absent": [p for p in FIXED_PATHS if not os.path.exists(p)]}
+    return {"kernel": {p: read_or_none(p) for p in kernel_files()}, "absent": [p for p in FIXED_PATHS if not os.path.exists(p)]}
 
 
 def _stop_shared() -> None:
@@ -233,7 +234,7 @@ def kube_node(request, tmp_path_factory, _kube_node_keeper) -> Iterator[Any]:
         record_timing("node Ready (s)", node.timings["node_ready_s"])
         node.before = before["kernel"]
         # what the kubelet itself set at its start (vm.overcommit_memory, kernel.panic ...) aside
-        node.started = {p: _read(p) for p in kernel_files() if p in before["kernel"]}
+        node.started = {p: read_or_none(p) for p in kernel_files() if p in before["kernel"]}
     yield _SHARED["node"]
     mods = _node_modules(request.session)
     if not mods or mods[-1] == request.node.nodeid.split("::")[0]:
