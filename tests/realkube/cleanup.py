@@ -175,9 +175,16 @@ def kill_cgroup(rel: str, timeout: float = 20.0, roots: list[Path] | None = None
                 pass
         time.sleep(0.1)
     for d in cgroup_dirs(rel, roots):
-        for sub in sorted((p for p in d.rglob("*") if p.is_dir()), key=lambda p: -len(p.parts)):
-            _rmdir(sub)
-        _rmdir(d)
+        rmdir_tree(d)
+
+
+def rmdir_tree(d: Path) -> None:
+    """Remove the empty folders of a cgroup tree, deepest first; a folder the kubelet or containerd
+    removes meanwhile (listed, gone before it is read) is passed over."""
+    for top, dirs, _ in os.walk(d, topdown=False):
+        for name in dirs:
+            _rmdir(Path(top, name))
+    _rmdir(d)
 
 
 def _rmdir(d: Path) -> None:
