@@ -63,20 +63,10 @@ from gpu_tune.cluster.publisher import HEARTBEAT_S, KubePublisher  # noqa: E402
 from gpu_tune.serve.agent import pass_wait  # noqa: E402
 from tests.fixtures.probes import probe_result, probe_verdict  # noqa: E402
 from tests.realkube.cleanup import Ledger, janitor, ledger_root  # noqa: E402
-from tests.realkube.controlplane import ControlPlane  # noqa: E402
+from tests.realkube.controlplane import ControlPlane, audit_policy  # noqa: E402
 
-# Every request at Metadata level: verbs, users, times, no bodies (the agents' writes carry 8 KiB)
-AUDIT_POLICY = """\
-apiVersion: audit.k8s.io/v1
-kind: Policy
-omitStages: ["RequestReceived"]
-rules:
-  - level: None
-    resources: [{group: "coordination.k8s.io", resources: ["leases"]}]
-  - level: None
-    nonResourceURLs: ["/healthz*", "/readyz*", "/livez*", "/openapi*", "/version", "/api", "/apis*"]
-  - level: Metadata
-"""
+# Every request at Metadata level, watches too: verbs, users, times, no bodies (the agents' writes carry 8 KiB)
+AUDIT_POLICY = audit_policy(watches=True, bodies=False)
 AGENT_UA = "gpu-tune/"
 WRITES = ("create", "update", "patch", "delete")
 READS = ("get", "list")

@@ -40,23 +40,22 @@ ADMIN_TOKEN = "test-token"
 SERVICE_CIDR = "10.96.0.0/16"
 SERVICE_IP = "10.96.0.1"
 
-AUDIT_POLICY = """\
-apiVersion: audit.k8s.io/v1
-kind: Policy
-omitStages: ["RequestReceived"]
-rules:
-  # the kubelet's and controllers' heartbeats: many, and never what a test counts
-  - level: None
-    resources: [{group: "coordination.k8s.io", resources: ["leases"]}]
-  - level: None
-    verbs: ["watch"]
-  - level: None
-    nonResourceURLs: ["/healthz*", "/readyz*", "/livez*", "/openapi*", "/version", "/api", "/apis*"]
-  - level: Metadata
-    verbs: ["get", "list"]
-  # writes with their bodies: what was patched, by whom
-  - level: Request
-"""
+def audit_policy(*, watches: bool = False, bodies: bool = True) -> str:
+    """The API server's audit policy: every request but the heartbeats (leases) and the health
+    and discovery paths; ``watches`` records watches too; ``bodies`` records writes with their
+    bodies (what was patched, by whom), else every request at Metadata level (verbs, users, times)."""
+    rules = ['  - level: None\n    resources: [{group: "coordination.k8s.io", resources: ["leases"]}]']
+    if not watches:
+        rules.append('  - level: None\n    verbs: ["watch"]')
+    rules.append('  - level: None\n    nonResourceURLs: ["/healthz*", "/readyz*", "/livez*", "/openapi*", "/version", '
+                 '"/api", "/apis*"]')
+    rules.append('  - level: Metadata\n    verbs: ["get", "list"]\n  - level: Request' if bodies
+                 else '  - level: Metadata')
+    return ('apiVersion: audit.k8s.io/v1\nkind: Policy\nomitStages: ["RequestReceived"]\nrules:\n'
+            + "\n".join(rules) + "\n")
+
+
+AUDIT_POLICY = audit_policy()
 
 
 class ApiError(Exception):
