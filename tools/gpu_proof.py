@@ -513,7 +513,7 @@ import json, sys
 from gpu_tune.gpu import select_backend
 KEYS = ("recovery_action", "reset_required", "inforom_valid", "remapped_rows", "sram_ecc", "nvlink_p2p", "fabric",
         "pcie_replay_count", "clock_throttle_reasons", "sm_clock_mhz", "sm_clock_max_mhz", "pcie_link_gen_current",
-        "pcie_link_width_current")
+        "pcie_link_width_current", "pcie_link_gen_max", "pcie_link_gen_gpu_max", "mig_mode", "unread")
 out = []
 for g in select_backend(sys.argv[1], sys.argv[2] or None).gpus():
     d = g.as_dict()
