@@ -439,3 +439,29 @@ def test_the_remapped_rows_limit_is_credited_to_dcgm_alone():
     line = next(x for x in src.splitlines() if "UNCORRECTABLE_ROWS_LIMIT = " in x or "512 rows" in x)
     assert "DCGM" in line and "GPUd" not in line
     assert "GPUd's rule" not in (ROOT / "docs" / "health.md").read_text()
+
+
+def test_the_privilege_tool_calls_every_listed_call_through_the_binding(monkeypatch, capsys):
+    """tools/nvml_privileges.py's child, in this process over the fake library: every call the
+    table lists is made with the agent's arguments and answers; a refused one shows its code."""
+    import json
+    import sys
+
+    sys.path.insert(0, str(ROOT / "tools"))
+    try:
+        import nvml_privileges
+    finally:
+        sys.path.remove(str(ROOT / "tools"))
+    gpus = hgx_h100(2, g1=dict(errors={"nvmlDeviceSetPersistenceMode": nvmlfake.NO_PERMISSION}))
+    nvmlfake.install(monkeypatch, FakeNvmlLib(gpus))
+    assert nvml_privileges.child() == 0
+    out = json.loads(capsys.readouterr().out)
+    assert out["init"] == "ok"
+    answers = {name: {i: v["answer"] for i, v in per.items()} for name, per in out["calls"].items()}
+    assert answers["nvmlDeviceSetPersistenceMode"] == {
+        "0": "ok", "1": "Insufficient Permissions (NVML_ERROR_NO_PERMISSION)"}
+    assert answers["nvmlDeviceGetRetiredPagesPendingStatus"]["0"] == "Not Supported (NVML_ERROR_NOT_SUPPORTED)"
+    others = {n: a for n, a in answers.items()
+              if n not in ("nvmlDeviceSetPersistenceMode", "nvmlDeviceGetRetiredPagesPendingStatus")}
+    assert all(v == "ok" for a in others.values() for v in a.values()), others
+    assert nvml_privileges.main(["--shapes", "root,bogus"]) == 2
