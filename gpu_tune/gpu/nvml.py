@@ -22,7 +22,7 @@ from __future__ import annotations
 
 import logging
 import os
-from typing import Any, Callable
+from typing import Any
 
 from gpu_tune.gpu.base import GpuError, GpuInfo
 from gpu_tune.gpu.nvml_health import read_health
