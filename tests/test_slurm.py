@@ -23,6 +23,8 @@ from tests.fixtures import hostgen
 from tests.realkube.plugin import record_timing
 from tests.realslurm.cluster import HEALTH_INTERVAL, NODE, wait_for
 
+pytestmark = pytest.mark.slow
+
 XID79 = "3,{seq},{usec},-;NVRM: Xid (PCI:0000:5d:00): 79, pid='<unknown>', name=<unknown>, GPU has fallen off the bus.\n"
 HEALTH_ONLY = "include: training.yaml\nreadiness:\n  require_compliant: false\n"
 GPUS = Path(__file__).parent / "fixtures" / "gpu" / "dgx-8gpu.json"
@@ -134,6 +136,18 @@ def test_a_fatal_xid_drains_the_node_within_one_health_check_interval(slurm, hos
     assert f"gpu-tune: slurm node {NODE} (health_check): not ready; drained" in (slurm.base / "gpu-tune.log").read_text()
 
 
+def test_a_node_running_a_job_is_drained_and_the_job_goes_on(slurm, host, tmp_path, policies):
+    job = slurm.submit("sleep 60")
+    wait_for(f"job {job} running", lambda: slurm.job(job).get("JobState") == "RUNNING", 30)
+    slurm.use("health-check", slurm.gpu_tune_command(host, gpu_json(tmp_path), policies))
+    append_xid(host, 90, 88310022)
+    node = drained_by_gpu_tune(slurm, "FatalXid")
+    assert node["State"] in ("ALLOCATED+DRAIN", "MIXED+DRAIN"), node["State"]  # draining: no new job starts
+    passes_after(slurm, time.time(), 1, rc=1)
+    assert slurm.job(job)["JobState"] == "RUNNING"  # not killed
+    assert "its running jobs go on; no new job starts" in (slurm.base / "gpu-tune.log").read_text()
+
+
 # -- 2. the fault cleared: resumed (on the second ready pass), and a job runs -------------------------
 def test_a_cleared_fault_resumes_the_node_and_a_job_runs(slurm, host, tmp_path, policies):
     slurm.use("health-check", slurm.gpu_tune_command(host, gpu_json(tmp_path), policies))
@@ -150,6 +164,8 @@ def test_a_cleared_fault_resumes_the_node_and_a_job_runs(slurm, host, tmp_path, 
     assert took <= 2 * HEALTH_INTERVAL + 2 * max_pass(slurm) + 1.0, took
     ctld = (slurm.log / "slurmctld.log").read_text()
     assert f"update_node: node {NODE} reason set to: gpu-tune: ready again, resumed" in ctld
+    said = (slurm.base / "gpu-tune.log").read_text()  # never on the first ready pass: no flapping
+    assert said.index("ready; stays drained until the next ready pass (1 of 2 in a row)") < said.index("ready; resumed")
     assert job_done(slurm, pending)["JobState"] == "COMPLETED"  # the job that waited ran
     job = slurm.submit("echo ran")
     assert job_done(slurm, job)["JobState"] == "COMPLETED"

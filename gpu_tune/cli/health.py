@@ -37,10 +37,16 @@ def check_cmd(
 ) -> int:
     if slurm_node is not None and not slurm:
         raise InputError("--slurm-node needs --slurm")
+    scontrol = None
+    if slurm:  # Slurm's command and configuration, and the name, checked before anything runs
+        from gpu_tune.slurm.health import Scontrol, check_node_flag
+
+        check_node_flag(slurm_node)
+        scontrol = Scontrol()
     fs = open_host(g)
     v, host, doc, gpus, topo_doc = _judge(g, fs, profile, probe, device)
-    if slurm:
-        return _slurm(g, fs, v, host, doc, gpus, topo_doc, slurm_node)
+    if scontrol is not None:
+        return _slurm(g, fs, v, host, doc, gpus, topo_doc, slurm_node, scontrol)
     _print_verdict(g, v, host, doc)
     return 0 if v.ready else 1
 
@@ -98,7 +104,7 @@ def _print_verdict(g: Globals, v, host, doc: dict) -> None:
         console().print(render_checks(v, host=host))
 
 
-def _slurm(g: Globals, fs, v, host, doc: dict, gpus, topo_doc, slurm_node: Optional[str]) -> int:
+def _slurm(g: Globals, fs, v, host, doc: dict, gpus, topo_doc, slurm_node: Optional[str], scontrol) -> int:
     """``check --slurm``: the verdict with Slurm's GPU count beside the host's, told to Slurm
     (gpu_tune.slurm). Table output: the verdict in a few lines (what slurmd writes to its log
     when the check fails); stderr: what was done in Slurm, one line."""
@@ -107,7 +113,7 @@ def _slurm(g: Globals, fs, v, host, doc: dict, gpus, topo_doc, slurm_node: Optio
     from gpu_tune.slurm.health import SlurmUnreachable, slurm_pass
 
     try:
-        done = slurm_pass(fs, v, gpus, topo_doc, node_flag=slurm_node)
+        done = slurm_pass(fs, v, gpus, topo_doc, node_flag=slurm_node, scontrol=scontrol)
     except SlurmUnreachable:
         if g.output != "json":
             print(_summary(v))

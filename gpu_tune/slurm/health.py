@@ -37,7 +37,7 @@ from gpu_tune.slurm.scontrol import NoSuchNode, Scontrol, SlurmUnreachable
 
 log = logging.getLogger("gpu_tune")
 
-__all__ = ["SlurmPass", "SlurmUnreachable", "context_of", "node_name", "slurm_pass"]
+__all__ = ["Scontrol", "SlurmPass", "SlurmUnreachable", "check_node_flag", "context_of", "node_name", "slurm_pass"]
 
 
 @dataclass
@@ -78,15 +78,22 @@ def context_of(env: Mapping[str, str]) -> tuple[str, str | None]:
     return "command", job
 
 
-def node_name(flag: str | None, env: Mapping[str, str], scontrol: Scontrol,
+def check_node_flag(flag: str | None) -> None:
+    """``--slurm-node``: one node name (no list, no space), checked before anything runs."""
+    if flag is not None and (not flag.strip() or any(c.isspace() or c in ",[]" for c in flag)):
+        raise InputError(f"--slurm-node {flag!r}: expected one Slurm node name")
+
+
+def node_name(flag: str | None, env: Mapping[str, str], scontrol: Scontrol | None,
               hostname: str | None = None) -> tuple[str, str]:
     """(the node's name in Slurm, where it came from)."""
     if flag is not None:
-        if not flag.strip() or any(c.isspace() for c in flag) or "," in flag:
-            raise InputError(f"--slurm-node {flag!r}: expected one Slurm node name")
+        check_node_flag(flag)
         return flag, "--slurm-node"
     if env.get("SLURMD_NODENAME", "").strip():
         return env["SLURMD_NODENAME"].strip(), "SLURMD_NODENAME"
+    if scontrol is None:
+        raise InputError("no node name: give --slurm-node NAME")
     host = hostname or socket.gethostname()
     short = host.split(".")[0]
     nodes = scontrol.nodes()
