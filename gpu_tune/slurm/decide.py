@@ -14,8 +14,8 @@ The rules (docs/slurm.md, "What gpu-tune drains and resumes"):
   is, whatever the verdict; the line says so.
 
 A reason is one line of printable ASCII, at most :data:`MAX_REASON` characters (Slurm sets no
-limit; ``sinfo -R`` cuts its reason column at 20 unless given a width, and the first 20 characters
-are the prefix and the verdict's CamelCase reason): the verdict's reason, the headline of the
+limit; ``sinfo -R`` cuts its reason column at 20 unless given a width, and those 20 are the prefix
+and as much of the verdict's CamelCase reason as fits): the verdict's reason, the headline of the
 most urgent failing check, and Slurm's GPU count where ``slurm.gres`` fails as well.
 """
 
