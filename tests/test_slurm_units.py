@@ -5,7 +5,6 @@ CLI's bad input. The whole mode on a real Slurm: tests/test_slurm.py."""
 from __future__ import annotations
 
 import json
-from pathlib import Path
 
 import pytest
 
