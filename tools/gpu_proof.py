@@ -47,8 +47,6 @@ from __future__ import annotations
 
 import argparse
 import base64
-import ctypes
-import datetime as _dt
 import glob
 import http.client
 import json
@@ -64,222 +62,15 @@ import time
 from pathlib import Path
 from typing import Any, Callable
 
-REPO = Path(__file__).resolve().parent.parent
-FORMAT = 1
-STEPS = ("environment", "topology", "health", "tuning", "probe", "torch", "verdict", "fingerprint", "gain", "serve")
-# Seconds a step is expected to take (to decide whether it fits the budget) and its hard limit.
-EXPECT = {
-    "gpu": {"environment": 40, "topology": 10, "health": 10, "tuning": 30, "probe": 75, "fingerprint": 330, "gain": 360,
-            "serve": 110, "torch": 50, "verdict": 300},
-    "cpu": {"environment": 15, "topology": 5, "health": 5, "tuning": 10, "probe": 25, "fingerprint": 90, "gain": 50,
-            "serve": 40, "torch": 30, "verdict": 75},
-}
-LIMIT = {"environment": 240, "topology": 60, "health": 60, "tuning": 240, "probe": 420, "fingerprint": 1200,
-         "gain": 900, "serve": 420, "torch": 300, "verdict": 900}
-# The verdict step's runs, in this order (--verdict-runs N takes the first N): the cache emptied
-# first (cold: the first probe ever), then warm, without the cache, busy and warm, busy and cold.
-VERDICT_PLAN = (("cold", "idle"), ("warm", "idle"), ("none", "idle"), ("warm", "busy"), ("cold", "busy"))
-GOAL_WARM_IDLE_S, GOAL_WARM_BUSY_S = 30.0, 40.0  # on the H100
-FIXTURE_TUNE = "vm-virtio-2node"  # a VM with an H100 passed through (tests/fixtures/pcigen.py)
-FIXTURE_RUN = "small-2cpu"  # CPUs 0-1 exist on every test machine: the probe binds to them
-STATUSES = ("passed", "failed", "error", "timeout", "skipped", "not_run")
+# The steps are the modules of the ``proof`` package beside this file (tools/proof/).
+TOOLS = Path(__file__).resolve().parent
+if str(TOOLS) not in sys.path:
+    sys.path.insert(0, str(TOOLS))
 
-
-# -- small functions ----------------------------------------------------------------------------
-def now() -> str:
-    return _dt.datetime.now(_dt.timezone.utc).isoformat(timespec="seconds").replace("+00:00", "Z")
-
-
-def say(msg: str) -> None:
-    print(msg, flush=True)
-
-
-def read_text(path: str | Path, limit: int = 1 << 20) -> str | None:
-    try:
-        with open(path, "rb") as fh:
-            return fh.read(limit).decode("utf-8", "replace")
-    except OSError:
-        return None
-
-
-def tail(text: str | bytes | None, lines: int = 12) -> str:
-    if isinstance(text, bytes):
-        text = text.decode("utf-8", "replace")
-    kept = [ln for ln in (text or "").rstrip().splitlines() if ln.strip()]
-    return "\n".join(kept[-lines:])[-3000:]
-
-
-def loadavg() -> list[float] | None:
-    try:
-        return [round(x, 2) for x in os.getloadavg()]
-    except OSError:
-        return None
-
-
-def vm_status(pid: int) -> dict[str, float]:
-    out = {}
-    for line in (read_text(f"/proc/{pid}/status") or "").splitlines():
-        key, _, val = line.partition(":")
-        if key in ("VmRSS", "VmHWM"):
-            out[key] = round(int(val.split()[0]) / 1024.0, 1)  # MiB
-    return out
-
-
-def cpu_model() -> str | None:
-    for line in (read_text("/proc/cpuinfo") or "").splitlines():
-        if line.startswith("model name"):
-            return line.split(":", 1)[1].strip()
-    return None
-
-
-# -- processes ----------------------------------------------------------------------------------
-def _set_subreaper() -> bool:
-    """Orphans of our steps (a probe process whose parent was killed) become our children, so
-    that they can be found and killed when their step ends."""
-    try:
-        return ctypes.CDLL(None, use_errno=True).prctl(36, 1, 0, 0, 0) == 0  # PR_SET_CHILD_SUBREAPER
-    except (OSError, AttributeError):
-        return False
-
-
-def our_children(exclude: set[int] = frozenset()) -> list[int]:
-    me = os.getpid()
-    out = []
-    for stat in glob.glob("/proc/[0-9]*/stat"):
-        text = read_text(stat, 4096) or ""
-        try:
-            ppid = int(text.rsplit(")", 1)[1].split()[1])
-        except (IndexError, ValueError):
-            continue
-        pid = int(stat.split("/")[2])
-        if ppid == me and pid not in exclude:
-            out.append(pid)
-    return out
-
-
-def kill_leftovers(exclude: set[int] = frozenset(), grace: float = 10.0) -> list[str]:
-    """Stop every process left behind by a step (our children, reparented to us): SIGTERM first
-    (``gpu-tune gain`` then puts the host back as it found it), SIGKILL after ``grace`` seconds;
-    reap them. Returns "pid command" of each."""
-    stopped = []
-    for _ in range(3):  # orphans of the ones stopped here come to us in turn
-        pids = our_children(exclude)
-        if not pids:
-            break
-        for pid in pids:
-            cmd = (read_text(f"/proc/{pid}/cmdline", 400) or "").replace("\0", " ").strip()
-            try:
-                os.kill(pid, signal.SIGTERM)
-                stopped.append(f"{pid} {cmd[:120]}")
-            except ProcessLookupError:
-                pass
-        alive = set(pids)
-        t0 = time.monotonic()
-        while alive and time.monotonic() - t0 < grace:
-            for pid in list(alive):
-                try:
-                    if os.waitpid(pid, os.WNOHANG)[0] == pid:
-                        alive.discard(pid)
-                except ChildProcessError:
-                    alive.discard(pid)
-            time.sleep(0.1)
-        for pid in alive:
-            try:
-                os.kill(pid, signal.SIGKILL)
-                os.waitpid(pid, 0)
-            except (ProcessLookupError, ChildProcessError):
-                pass
-    return stopped
-
-
-class Runner:
-    """Runs commands for one step, each bounded by the step's deadline."""
-
-    def __init__(self, ctx: dict[str, Any]) -> None:
-        self.ctx = ctx
-        self.deadline = float(ctx["deadline"])
-        self.env = dict(os.environ)
-        self.env.update(ctx.get("env") or {})
-        self.env["PYTHONUNBUFFERED"] = "1"
-        self.cwd = ctx["work"]
-
-    def left(self) -> float:
-        return self.deadline - time.time()
-
-    def run(self, argv: list[str], timeout: float | None = None, env: dict[str, str] | None = None,
-            label: str | None = None) -> dict[str, Any]:
-        """{"rc", "stdout", "stderr", "seconds", "timed_out"}; never raises for a failing command."""
-        limit = max(1.0, min(timeout or 1e9, self.left() - 2.0))
-        full_env = dict(self.env, **(env or {}))
-        t0 = time.monotonic()
-        say(f"    $ {label or ' '.join(argv[-8:])}  (limit {limit:.0f} s)")
-        try:
-            p = subprocess.Popen(argv, stdin=subprocess.DEVNULL, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
-                                 env=full_env, cwd=self.cwd, start_new_session=True)
-        except OSError as exc:
-            return {"rc": None, "stdout": "", "stderr": f"could not start {argv[0]}: {exc}", "seconds": 0.0,
-                    "timed_out": False}
-        try:
-            out, err = p.communicate(timeout=limit)
-            timed_out = False
-        except subprocess.TimeoutExpired:
-            # SIGTERM first (gpu-tune gain and serve then leave the host as they found it), then SIGKILL
-            _signal_group(p.pid, signal.SIGTERM)
-            try:
-                out, err = p.communicate(timeout=10)
-            except subprocess.TimeoutExpired:
-                _killpg(p.pid)
-                try:
-                    out, err = p.communicate(timeout=10)
-                except subprocess.TimeoutExpired:
-                    p.kill()
-                    out, err = b"", b""
-            timed_out = True
-        _killpg(p.pid)
-        return {"rc": None if timed_out else p.returncode, "stdout": out.decode("utf-8", "replace"),
-                "stderr": err.decode("utf-8", "replace"), "seconds": round(time.monotonic() - t0, 2),
-                "timed_out": timed_out}
-
-    def gpu_tune(self, *args: str, timeout: float | None = None, host: dict[str, Any] | None = None) -> dict[str, Any]:
-        host_args = list((host or {}).get("args", []))
-        argv = list(self.ctx["gpu_tune"]) + list(args) + host_args
-        r = self.run(argv, timeout=timeout, label="gpu-tune " + " ".join(list(args) + host_args))
-        r["json"] = None
-        text = r["stdout"].strip()
-        if text:
-            try:
-                r["json"] = json.loads(text)
-            except ValueError:
-                pass
-        return r
-
-
-def _signal_group(pgid: int, sig: int) -> None:
-    try:
-        os.killpg(pgid, sig)
-    except (ProcessLookupError, PermissionError):
-        pass
-
-
-def _killpg(pgid: int) -> None:
-    _signal_group(pgid, signal.SIGKILL)
-
-
-def why(r: dict[str, Any]) -> str:
-    """How a command ended, for a reason: its exit code, or that it was stopped at its limit."""
-    if r.get("timed_out"):
-        return f"stopped at its time limit after {r['seconds']} s"
-    return f"exit {r['rc']}"
-
-
-def cmd_summary(r: dict[str, Any]) -> dict[str, Any]:
-    """What the report keeps of a command: exit code, time, the end of stderr when it failed."""
-    out = {"rc": r["rc"], "seconds": r["seconds"]}
-    if r.get("timed_out"):
-        out["timed_out"] = True
-    if r["rc"] not in (0, 1) or r.get("timed_out") or r.get("json") is None:
-        out["stderr_tail"] = tail(r["stderr"])
-    return out
+from proof.common import (EXPECT, FIXTURE_RUN, FIXTURE_TUNE, FORMAT, GOAL_WARM_BUSY_S, GOAL_WARM_IDLE_S,  # noqa: E402
+                          LIMIT, REPO, STEPS, VERDICT_PLAN, _gbps, _num, _onoff, _pct, cpu_model, loadavg, now,
+                          read_text, say, tail, vm_status)
+from proof.runner import Runner, _killpg, _set_subreaper, _signal_group, cmd_summary, kill_leftovers, why  # noqa: E402
 
 
 # -- hosts: the real one on a GPU, fixture trees on a CPU -----------------------------------------
@@ -664,10 +455,6 @@ def step_tuning(ctx: dict[str, Any], r: Runner) -> dict[str, Any]:
     return {"status": "failed" if reasons else "passed", "reason": "; ".join(reasons), "summary": summary, "data": data}
 
 
-def _onoff(v: Any) -> str:
-    return "on" if v is True else "off" if v is False else str(v)
-
-
 def probe_rows(doc: dict[str, Any] | None) -> list[dict[str, Any]]:
     """The figures of a ``gpu-tune probe -o json`` document that the report shows, per GPU."""
     rows = []
@@ -699,10 +486,6 @@ def run_probe(ctx: dict[str, Any], r: Runner, host: dict[str, Any], *extra: str)
     if ctx.get("data"):
         args += ["--data", ctx["data"]]
     return r.gpu_tune(*args, *extra, timeout=ctx["probe_timeout"] + 60, host=host)
-
-
-def _gbps(v: Any) -> str:
-    return f"{v / 1e9:,.1f} GB/s" if isinstance(v, (int, float)) else "-"
 
 
 def datapath_text(row: dict[str, Any]) -> str:
@@ -742,14 +525,6 @@ def step_probe(ctx: dict[str, Any], r: Runner) -> dict[str, Any]:
     failed = [f"{row['gpu']}: {row['status']} ({'; '.join(row['reasons'] or [])})" for row in rows if not row["passed"]]
     return {"status": "failed" if failed or p["rc"] != 0 else "passed", "reason": "; ".join(failed),
             "summary": "; ".join(parts), "data": {"host": host["root"], "command": cmd_summary(p), "results": rows}}
-
-
-def _num(v: Any) -> str:
-    return f"{v:,.0f}" if isinstance(v, (int, float)) else "-"
-
-
-def _pct(v: Any) -> str:
-    return f"{v * 100:.0f}%" if isinstance(v, (int, float)) else "-"
 
 
 def busy_loops(n: int) -> list[subprocess.Popen]:

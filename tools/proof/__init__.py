@@ -1,0 +1,7 @@
+"""The steps of tools/gpu_proof.py, one module per group, and its report.
+
+common       the steps, their expected seconds and limits, small functions
+runner       a step's commands, each bounded by its deadline; processes it leaves behind
+
+tools/gpu_proof.py is the entry: its command line, the run of every step in a process of its own.
+"""
