@@ -46,8 +46,6 @@ report for docs/gpu.md); ``--merge`` joins reports of several calls into one.
 from __future__ import annotations
 
 import argparse
-import base64
-import glob
 import http.client
 import json
 import os
@@ -59,6 +57,7 @@ import subprocess
 import sys
 import threading
 import time
+import types
 from pathlib import Path
 from typing import Any, Callable
 
@@ -68,391 +67,19 @@ if str(TOOLS) not in sys.path:
     sys.path.insert(0, str(TOOLS))
 
 from proof.common import (EXPECT, FIXTURE_RUN, FIXTURE_TUNE, FORMAT, GOAL_WARM_BUSY_S, GOAL_WARM_IDLE_S,  # noqa: E402
-                          LIMIT, REPO, STEPS, VERDICT_PLAN, _gbps, _num, _onoff, _pct, cpu_model, loadavg, now,
+                          LIMIT, REPO, STATUSES, STEPS, VERDICT_PLAN, _gbps, _num, _onoff, _pct, loadavg, now,
                           read_text, say, tail, vm_status)
+from proof.host_steps import step_environment, step_health, step_topology, step_tuning  # noqa: E402
+from proof.hosts import audit_values, host_for, nvml_facts, persistence, snapshot  # noqa: E402
 from proof.runner import Runner, _killpg, _set_subreaper, _signal_group, cmd_summary, kill_leftovers, why  # noqa: E402
 
-
-# -- hosts: the real one on a GPU, fixture trees on a CPU -----------------------------------------
-def host_for(ctx: dict[str, Any], kind: str) -> dict[str, Any]:
-    """Where a step acts. ``kind``: "tune" (apply/revert) or "run" (probe, gain, serve).
-
-    GPU: the real host, NVML. CPU: a fresh fixture tree in the work folder; "tune" has a GPU
-    (the fixture backend, its JSON copied next to the tree since apply writes into it), "run"
-    has none (the probe binds to CPUs that exist here)."""
-    if ctx["device"] == "gpu":
-        return {"root": "/", "args": ["--gpu-backend", "nvml"], "fixture": None, "real": True}
-    sys.path.insert(0, str(REPO))
-    from tests.fixtures import hostgen  # noqa: PLC0415 - the test fixtures, only in CPU mode
-
-    scenario = FIXTURE_TUNE if kind == "tune" else FIXTURE_RUN
-    base = Path(ctx["work"]) / f"host-{kind}-{int(time.time() * 1000) % 10**9}"
-    root = hostgen.build(scenario, base / "root")
-    if kind == "tune":
-        fixture = base / "gpus.json"
-        shutil.copyfile(REPO / "tests" / "fixtures" / "gpu" / f"{scenario}.json", fixture)
-        return {"root": str(root), "args": ["--root", str(root), "--gpu-backend", "fixture", "--gpu-fixture",
-                                            str(fixture)], "fixture": str(fixture), "real": False,
-                "scenario": scenario}
-    return {"root": str(root), "args": ["--root", str(root), "--gpu-backend", "none"], "fixture": None,
-            "real": False, "scenario": scenario}
-
-
-def nvml_facts() -> dict[str, Any]:
-    try:
-        import pynvml  # noqa: PLC0415 - nvidia-ml-py
-
-        pynvml.nvmlInit()
-    except Exception as exc:
-        return {"status": "unavailable", "reason": f"{type(exc).__name__}: {exc}"}
-
-    def s(v: Any) -> str:
-        return v.decode() if isinstance(v, bytes) else str(v)
-
-    try:
-        cuda = pynvml.nvmlSystemGetCudaDriverVersion_v2()
-        out: dict[str, Any] = {"status": "ok", "driver": s(pynvml.nvmlSystemGetDriverVersion()),
-                               "cuda_driver": f"{cuda // 1000}.{cuda % 1000 // 10}", "gpus": []}
-        for i in range(pynvml.nvmlDeviceGetCount()):
-            h = pynvml.nvmlDeviceGetHandleByIndex(i)
-            g: dict[str, Any] = {"index": i, "name": s(pynvml.nvmlDeviceGetName(h)), "uuid": s(pynvml.nvmlDeviceGetUUID(h)),
-                                 "pci_bus_id": s(pynvml.nvmlDeviceGetPciInfo(h).busId),
-                                 "memory_total_mib": pynvml.nvmlDeviceGetMemoryInfo(h).total // 2**20}
-            for key, fn in (("persistence_mode", lambda: bool(pynvml.nvmlDeviceGetPersistenceMode(h))),
-                            ("compute_capability", lambda: "%d.%d" % pynvml.nvmlDeviceGetCudaComputeCapability(h)),
-                            ("temperature_c", lambda: pynvml.nvmlDeviceGetTemperature(h, 0)),
-                            ("power_w", lambda: round(pynvml.nvmlDeviceGetPowerUsage(h) / 1000.0, 1))):
-                try:
-                    g[key] = fn()
-                except Exception as exc:  # one field NVML refuses is a fact, not a failure
-                    g[key] = f"unavailable: {exc}"
-            out["gpus"].append(g)
-        return out
-    except Exception as exc:
-        return {"status": "error", "reason": f"{type(exc).__name__}: {exc}"}
-    finally:
-        try:
-            pynvml.nvmlShutdown()
-        except Exception:
-            pass
-
-
-def persistence(host: dict[str, Any]) -> dict[str, bool | str]:
-    """{GPU index: persistence mode} from NVML (real host) or the fixture JSON."""
-    if host.get("fixture"):
-        doc = json.loads(Path(host["fixture"]).read_text())
-        return {str(g["index"]): bool(g.get("persistence_mode")) for g in doc.get("gpus", [])}
-    facts = nvml_facts()
-    if facts.get("status") != "ok":
-        return {"nvml": facts.get("reason", "unavailable")}
-    return {str(g["index"]): g.get("persistence_mode") for g in facts["gpus"]}
-
-
-# -- snapshots for the byte-for-byte check ----------------------------------------------------------
-REAL_GLOBS = ("proc/sys/vm/*", "proc/sys/kernel/*", "proc/sys/net/core/*", "proc/sys/net/ipv4/*",
-              "sys/kernel/mm/transparent_hugepage/*", "sys/kernel/mm/transparent_hugepage/*/*",
-              "sys/devices/system/cpu/cpu[0-9]*/cpufreq/scaling_governor",
-              "sys/devices/system/cpu/cpu[0-9]*/cpuidle/state[0-9]*/disable",
-              "proc/irq/[0-9]*/smp_affinity", "proc/irq/[0-9]*/smp_affinity_list",
-              "etc/ld.so.preload", "etc/gpu-tune/*", "etc/gpu-tune/*/*")
-
-
-def snapshot(root: str, whole_tree: bool) -> dict[str, bytes | None]:
-    """{host path: bytes} of the files a tuning run may write (every file of a fixture tree)."""
-    base = Path(root)
-    out: dict[str, bytes | None] = {}
-    paths: list[Path] = []
-    if whole_tree:
-        paths = [p for p in base.rglob("*") if not str(p.relative_to(base)).startswith("var/lib/gpu-tune")]
-    else:
-        for pattern in REAL_GLOBS:
-            paths.extend(Path(p) for p in glob.glob(str(base / pattern)))
-    for p in paths:
-        if p.is_symlink() or not p.is_file():
-            continue
-        try:
-            with open(p, "rb") as fh:
-                data = fh.read(1 << 20)
-        except OSError:
-            continue
-        out["/" + str(p.relative_to(base))] = data
-    return out
-
-
-def journal_files(entries: list[dict[str, Any]]) -> list[dict[str, Any]]:
-    """Every file a journal records: {path, raw (bytes or None), absent}."""
-    out = []
-    for e in entries:
-        items = [e] + [f for f in e.get("files") or [] if isinstance(f, dict)]
-        for it in items:
-            path = it.get("path")
-            if not path:
-                continue
-            raw = it.get("raw")
-            out.append({"id": e.get("id"), "target": e.get("target"), "path": path,
-                        "raw": base64.b64decode(raw) if raw else None, "absent": bool(it.get("absent", False))})
-    return out
-
-
-def host_file(root: str, path: str) -> bytes | None:
-    p = Path(root) / path.lstrip("/")
-    try:
-        with open(p, "rb") as fh:
-            return fh.read(1 << 20)
-    except OSError:
-        return None
-
-
-def audit_values(doc: dict[str, Any] | None) -> dict[str, Any]:
-    return {f"{s['id']}@{s['target']}": s.get("current") for s in (doc or {}).get("settings", [])}
-
-
-def audit_counts(doc: dict[str, Any] | None) -> dict[str, int]:
-    out: dict[str, int] = {}
-    for s in (doc or {}).get("settings", []):
-        out[s["status"]] = out.get(s["status"], 0) + 1
-    return out
-
-
-# -- the steps ----------------------------------------------------------------------------------
-def step_environment(ctx: dict[str, Any], r: Runner) -> dict[str, Any]:
-    data: dict[str, Any] = {
-        "python": sys.version.split()[0], "python_executable": sys.executable, "platform": platform.platform(),
-        "kernel": platform.release(), "hostname": socket.gethostname(), "cpu_count": os.cpu_count(),
-        "cpus_usable": len(os.sched_getaffinity(0)), "cpu_model": cpu_model(), "loadavg": loadavg(),
-        "memory_total_gib": None, "nvml": nvml_facts(),
-        "env": {k: os.environ.get(k) for k in ("PYTHONPATH", "LD_LIBRARY_PATH", "XLA_FLAGS", "CUDA_VISIBLE_DEVICES",
-                                                "GPU_TUNE_PAYLOAD_ID", "GPU_TUNE_COMMIT")},
-        "numactl": shutil.which("numactl"),
-        "jemalloc": sorted(set(glob.glob("/usr/lib/*/libjemalloc.so.2") + glob.glob("/usr/lib64/libjemalloc.so.2"))),
-    }
-    for line in (read_text("/proc/meminfo") or "").splitlines():
-        if line.startswith("MemTotal:"):
-            data["memory_total_gib"] = round(int(line.split()[1]) / 2**20, 1)
-    script = ("import json,gpu_tune; print(json.dumps({'version': gpu_tune.__version__, "
-              "'file': gpu_tune.__file__}))")
-    g = r.run([sys.executable, "-c", script], timeout=60, label="python -c 'import gpu_tune'")
-    try:
-        data["gpu_tune"] = json.loads(g["stdout"].strip().splitlines()[-1])
-    except (ValueError, IndexError):
-        data["gpu_tune"] = {"error": tail(g["stderr"])}
-    tf_script = r"""
-import json, time
-t = time.monotonic()
-from gpu_tune.workload import train as tr
-tf = tr.tf
-took = time.monotonic() - t
-info = {k: (v if isinstance(v, (str, int, float, bool)) or v is None else str(v))
-        for k, v in dict(tf.sysconfig.get_build_info()).items()}
-gpus = tf.config.list_physical_devices("GPU")
-details = []
-for g in gpus:
-    d = tf.config.experimental.get_device_details(g)
-    details.append({"name": d.get("device_name"), "compute_capability": list(d.get("compute_capability") or [])})
-print(json.dumps({"version": tf.__version__, "import_seconds": round(took, 2), "build_info": info,
-                  "built_with_cuda": tf.test.is_built_with_cuda(), "gpus": details}))
-"""
-    t = r.run([sys.executable, "-c", tf_script], timeout=200, label="python -c 'import tensorflow (as the probe does)'")
-    try:
-        data["tensorflow"] = json.loads(t["stdout"].strip().splitlines()[-1])
-    except (ValueError, IndexError):
-        data["tensorflow"] = {"error": tail(t["stderr"]) or f"exit {t['rc']}"}
-    tf = data["tensorflow"]
-    nv = data["nvml"]
-    reasons = []
-    if "error" in data["gpu_tune"]:
-        reasons.append(f"gpu_tune does not import: {data['gpu_tune']['error'][-300:]}")
-    if "error" in tf:
-        reasons.append(f"TensorFlow does not import: {tf['error'][-400:]}")
-    if ctx["device"] == "gpu":
-        if nv.get("status") != "ok" or not nv.get("gpus"):
-            reasons.append(f"NVML: {nv.get('reason') or 'no GPU'}")
-        if "error" not in tf and not tf.get("gpus"):
-            reasons.append("TensorFlow sees no GPU")
-    gpus = nv.get("gpus") or []
-    what = (f"{len(gpus)}x {gpus[0]['name']}, driver {nv.get('driver')} (CUDA {nv.get('cuda_driver')})" if gpus
-            else f"no GPU through NVML ({nv.get('reason', '')[:60]})")
-    tfs = (f"TensorFlow {tf.get('version')} (CUDA build {tf.get('build_info', {}).get('cuda_version')}, cuDNN "
-           f"{tf.get('build_info', {}).get('cudnn_version')}) sees {len(tf.get('gpus') or [])} GPU(s), import "
-           f"{tf.get('import_seconds')} s" if "error" not in tf else "TensorFlow: import failed")
-    summary = f"{what}; Python {data['python']}; {data['cpu_count']} CPUs; {tfs}"
-    return {"status": "failed" if reasons else "passed", "reason": "; ".join(reasons), "summary": summary, "data": data}
-
-
-def step_topology(ctx: dict[str, Any], r: Runner) -> dict[str, Any]:
-    host = host_for(ctx, "tune")
-    t = r.gpu_tune("topology", "-o", "json", timeout=60, host=host)
-    doc = t["json"]
-    if t["rc"] != 0 or not isinstance(doc, dict):
-        return {"status": "failed", "reason": f"gpu-tune topology: {why(t)}: {tail(t['stderr'], 3)}",
-                "data": {"command": cmd_summary(t)}}
-    gpus = doc.get("gpus") or []
-    nodes = doc.get("numa_nodes") or []
-    gl = ", ".join(f"GPU {g['index']} {g.get('name')} on node {g.get('numa_node')} ({g.get('numa_source')}), "
-                   f"PCIe gen{(g.get('pcie') or {}).get('gen_current')} x{(g.get('pcie') or {}).get('width_current')}"
-                   for g in gpus)
-    summary = f"{len(nodes)} NUMA node(s), {doc.get('cpu_count')} CPUs, {len(gpus)} GPU(s): {gl or '-'}"
-    ok = bool(gpus) or ctx["device"] == "cpu"
-    return {"status": "passed" if ok else "failed", "reason": "" if ok else "no GPU in the topology",
-            "summary": summary, "data": {"host": host["root"], "command": cmd_summary(t), "topology": doc}}
-
-
-# The GPU backend's health readings per GPU, as JSON (run with the proof's interpreter):
-# argv: backend, fixture file or "".
-READINGS = """
-import json, sys
-from gpu_tune.gpu import select_backend
-KEYS = ("recovery_action", "reset_required", "inforom_valid", "remapped_rows", "sram_ecc", "nvlink_p2p", "fabric",
-        "pcie_replay_count", "clock_throttle_reasons", "sm_clock_mhz", "sm_clock_max_mhz", "pcie_link_gen_current",
-        "pcie_link_width_current", "pcie_link_gen_max", "pcie_link_gen_gpu_max", "mig_mode", "unread")
-out = []
-for g in select_backend(sys.argv[1], sys.argv[2] or None).gpus():
-    d = g.as_dict()
-    row = {"index": g.index, "name": g.name, "pci_bus_id": g.pci_bus_id, "error": g.error}
-    row.update({k: d.get(k) for k in KEYS})
-    links = d.get("nvlink")
-    row["nvlink_active"] = None if links is None else sum(1 for x in links if x.get("active"))
-    row["nvlink_errors"] = None if links is None else {
-        k: sum(x.get(k) or 0 for x in links) for k in ("crc_errors", "replay_errors", "recovery_errors")}
-    out.append(row)
-print(json.dumps(out))
-"""
-HARDWARE_CHECKS = ("gpu.backend", "gpu.present", "gpu.count", "gpu.xid", "gpu.recovery", "gpu.memory", "gpu.nvlink",
-                   "gpu.fabric", "nvswitch.sxid", "network.infiniband", "gpu.pcie", "gpu.thermal")
-
-
-def step_health(ctx: dict[str, Any], r: Runner) -> dict[str, Any]:
-    host = host_for(ctx, "tune")
-    t = r.gpu_tune("check", "-o", "json", timeout=60, host=host)
-    doc = t["json"]
-    if t["rc"] not in (0, 1) or not isinstance(doc, dict):
-        return {"status": "failed", "reason": f"gpu-tune check: {why(t)}: {tail(t['stderr'], 3)}",
-                "data": {"command": cmd_summary(t)}}
-    checks = {c["name"]: c for c in doc.get("checks") or []}
-    false_alarms = [f"{n}: {c['detail']}" for n, c in checks.items()
-                    if n in HARDWARE_CHECKS and not c["ok"] and c.get("severity") == "fatal"]
-    warnings = [f"{n}: {c['detail']}" for n, c in checks.items() if not c["ok"] and c.get("severity") == "warning"]
-    # the GPU backend's own health readings: what the H100 fixture should hold (docs/health.md)
-    back = host["args"][host["args"].index("--gpu-backend") + 1]
-    fix = host["fixture"] or ""
-    rd = r.run([sys.executable, "-c", READINGS, back, fix], timeout=60, label="the GPU backend's health readings")
-    try:
-        readings = json.loads(rd["stdout"])
-    except ValueError:
-        readings = {"error": tail(rd["stderr"], 3)}
-    listed = ", ".join(f"{n} {'ok' if c['ok'] else 'FAIL'}" for n, c in checks.items() if n in HARDWARE_CHECKS)
-    summary = (f"{len(checks)} checks ({listed}); kernel log: "
-               + ((checks.get("gpu.xid") or {}).get("detail", "-"))[:160]
-               + (f"; warnings: {'; '.join(w[:120] for w in warnings)}" if warnings else ""))
-    ok = not false_alarms
-    return {"status": "passed" if ok else "failed",
-            "reason": "" if ok else "a healthy host fails: " + "; ".join(f[:200] for f in false_alarms),
-            "summary": summary, "data": {"host": host["root"], "command": cmd_summary(t), "check": doc,
-                                         "readings": readings}}
-
-
-def step_tuning(ctx: dict[str, Any], r: Runner) -> dict[str, Any]:
-    host = host_for(ctx, "tune")
-    root, whole = host["root"], not host["real"]
-    notes = []
-    pre_journal = host_file(root, "/var/lib/gpu-tune/journal.json")
-    if pre_journal and json.loads(pre_journal or b"{}").get("entries"):
-        rv0 = r.gpu_tune("revert", "-o", "json", timeout=120, host=host)
-        notes.append(f"the journal held originals of an earlier apply: reverted first (exit {rv0['rc']})")
-    before = snapshot(root, whole)
-    pm = {"before": persistence(host)}
-    a1 = r.gpu_tune("audit", "-o", "json", timeout=120, host=host)
-    ap = r.gpu_tune("apply", "-o", "json", timeout=180, host=host)
-    jtext = host_file(root, "/var/lib/gpu-tune/journal.json")
-    try:
-        entries = json.loads(jtext or b"{}").get("entries") or []
-    except ValueError:
-        entries = []
-    pm["after_apply"] = persistence(host)
-    a2 = r.gpu_tune("audit", "-o", "json", timeout=120, host=host)
-    rv = r.gpu_tune("revert", "-o", "json", timeout=180, host=host)
-    pm["after_revert"] = persistence(host)
-    a3 = r.gpu_tune("audit", "-o", "json", timeout=120, host=host)
-
-    files = journal_files(entries)
-    checked, mismatches, vs_snapshot = [], [], 0
-    for f in files:
-        now_bytes = host_file(root, f["path"])
-        row = {"id": f["id"], "target": f["target"], "path": f["path"]}
-        if f["absent"]:
-            row["ok"] = now_bytes is None and not (Path(root) / f["path"].lstrip("/")).exists()
-            row["compared_with"] = "absent before"
-        else:
-            ok = now_bytes is not None and (f["raw"] is None or now_bytes == f["raw"])
-            row["compared_with"] = "journal"
-            if f["path"] in before:
-                vs_snapshot += 1
-                ok = ok and now_bytes == before[f["path"]]
-                row["compared_with"] = "journal and the file read before apply"
-            row["ok"] = ok
-            if not ok:
-                row["now"] = (now_bytes or b"")[:200].decode("utf-8", "replace")
-                row["before"] = (before.get(f["path"]) or f["raw"] or b"")[:200].decode("utf-8", "replace")
-        checked.append(row)
-        if not row["ok"]:
-            mismatches.append(row)
-    for e in entries:  # folders apply created (they did not exist before it) are gone again
-        for d in e.get("created_dirs") or []:
-            if (Path(root) / d.lstrip("/")).exists():
-                mismatches.append({"id": e.get("id"), "target": e.get("target"), "path": d, "ok": False,
-                                   "compared_with": "created by apply", "now": "still there after revert"})
-    tree_diff: list[str] = []
-    if whole:  # a fixture tree: every file, not only those the journal names
-        after = snapshot(root, True)
-        tree_diff = sorted(p for p in set(before) | set(after) if before.get(p) != after.get(p))
-    v1, v3 = audit_values(a1["json"]), audit_values(a3["json"])
-    audit_diff = sorted(k for k in set(v1) | set(v3) if v1.get(k) != v3.get(k))
-    applied = ap["json"] or {}
-    changed = sum(1 for s in applied.get("settings", []) if s.get("changed"))
-    not_applied = [f"{s['id']}@{s['target']}: {s['status']} {s.get('detail', '')}".strip()
-                   for s in applied.get("settings", []) if s.get("status") in ("drift", "error", "conflict")]
-    byte_exact = bool(files) and not mismatches and not tree_diff
-    reasons = []
-    if ap["rc"] != 0:
-        reasons.append(f"apply exited {ap['rc']}" + (f": {'; '.join(not_applied[:5])}" if not_applied else
-                                                      f": {tail(ap['stderr'], 2)}"))
-    if a2["rc"] != 0:
-        reasons.append(f"audit after apply exited {a2['rc']} (not compliant: "
-                       f"{', '.join(k for k, v in audit_counts(a2['json']).items() if k in ('drift', 'error', 'conflict'))})")
-    restored = (rv["json"] or {}).get("restored")
-    if rv["rc"] != 0 or not restored:
-        reasons.append(f"revert exited {rv['rc']}, restored {restored}")
-    if not files:
-        reasons.append("the journal recorded no file (nothing to compare)")
-    if mismatches:
-        reasons.append(f"{len(mismatches)} file(s) differ after revert: "
-                       + ", ".join(m["path"] for m in mismatches[:5]))
-    if tree_diff:
-        reasons.append(f"{len(tree_diff)} file(s) of the fixture tree differ after revert: {', '.join(tree_diff[:5])}")
-    if audit_diff:
-        reasons.append(f"audit values before apply and after revert differ: {', '.join(audit_diff[:5])}")
-    if pm["after_revert"] != pm["before"]:
-        reasons.append(f"persistence mode {pm['before']} before, {pm['after_revert']} after revert")
-    pm_line = ", ".join(f"GPU {k}: {_onoff(pm['before'].get(k))} -> {_onoff(pm['after_apply'].get(k))} -> "
-                        f"{_onoff(pm['after_revert'].get(k))}" for k in pm["before"])
-    summary = (f"apply changed {changed} setting(s) (exit {ap['rc']}); audit after apply "
-               f"{'compliant' if a2['rc'] == 0 else 'NOT compliant'}; revert {'restored' if restored else 'NOT restored'}; "
-               f"{len(files)} file(s) recorded, {'all byte-exact' if byte_exact else 'NOT byte-exact'} after revert"
-               f"{f' (fixture tree: all {len(before)} files equal)' if whole and not tree_diff else ''}; "
-               f"persistence mode {pm_line or '-'}")
-    data = {"host": root, "real_host": host["real"], "notes": notes,
-            "audit_before": {"rc": a1["rc"], "counts": audit_counts(a1["json"])},
-            "apply": {**cmd_summary(ap), "changed": changed, "counts": audit_counts(ap["json"]), "not_applied": not_applied},
-            "audit_after_apply": {"rc": a2["rc"], "compliant": (a2["json"] or {}).get("compliant"),
-                                  "counts": audit_counts(a2["json"])},
-            "revert": {**cmd_summary(rv), "restored": restored},
-            "audit_after_revert": {"rc": a3["rc"], "counts": audit_counts(a3["json"]), "differs_from_before": audit_diff},
-            "journal_files": len(files), "journal_files_absent_before": sum(1 for f in files if f["absent"]),
-            "compared_with_snapshot": vs_snapshot, "byte_exact": byte_exact,
-            "mismatches": mismatches, "fixture_tree_files": len(before) if whole else None,
-            "fixture_tree_differs": tree_diff, "persistence_mode": pm,
-            "files": [{k: v for k, v in c.items() if k in ("id", "target", "path", "ok")} for c in checked]}
-    return {"status": "failed" if reasons else "passed", "reason": "; ".join(reasons), "summary": summary, "data": data}
+# Names this module keeps for whoever loads it (tests/test_gpu_proof.py): the package's, re-exported.
+__all__ = ["EXPECT", "FIXTURE_RUN", "FIXTURE_TUNE", "FORMAT", "GOAL_WARM_BUSY_S", "GOAL_WARM_IDLE_S", "LIMIT", "REPO",
+           "STATUSES", "STEPS", "STEP_FUNCS", "VERDICT_PLAN", "Runner", "cmd_summary", "commit_info", "datapath_text",
+           "device_bound_ratio", "host_for", "main", "merge_reports", "nvml_facts", "persistence", "probe_rows",
+           "render_markdown", "run_all", "run_probe", "run_step_child", "snapshot", "step_environment",
+           "step_fingerprint", "step_gain", "step_health", "step_probe", "step_serve", "step_topology", "step_torch",
+           "step_tuning", "step_verdict", "tail", "torch_env", "why", "write_report"]
 
 
 def probe_rows(doc: dict[str, Any] | None) -> list[dict[str, Any]]:
@@ -1355,6 +982,28 @@ def main(argv: list[str] | None = None) -> int:
     if not 1 <= a.verdict_runs <= len(VERDICT_PLAN):
         ap.error(f"--verdict-runs {a.verdict_runs}: expected 1..{len(VERDICT_PLAN)}")
     return run_all(a)
+
+
+_UNSET = object()
+
+
+class _ReExports(types.ModuleType):
+    """Assigning one of the re-exported names on this module (a test putting a fixture host in
+    place of ``host_for``) assigns it, too, in every module of the package that holds the same
+    object, so that the steps use what was put here."""
+
+    def __setattr__(self, name: str, value: Any) -> None:
+        old = self.__dict__.get(name, _UNSET)
+        if old is not _UNSET and name in __all__:
+            for mod_name, mod in list(sys.modules.items()):
+                if (mod_name == "proof" or mod_name.startswith("proof.")) and getattr(mod, name, _UNSET) is old:
+                    setattr(mod, name, value)
+        super().__setattr__(name, value)
+
+
+_this = sys.modules.get(__name__)
+if _this is not None and _this.__dict__ is globals():
+    _this.__class__ = _ReExports
 
 
 if __name__ == "__main__":

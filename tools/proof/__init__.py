@@ -2,6 +2,8 @@
 
 common       the steps, their expected seconds and limits, small functions
 runner       a step's commands, each bounded by its deadline; processes it leaves behind
+hosts        the real host on a GPU, fixture trees on a CPU; snapshots for the byte-for-byte check
+host_steps   environment, topology, health, tuning
 
 tools/gpu_proof.py is the entry: its command line, the run of every step in a process of its own.
 """
