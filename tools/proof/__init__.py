@@ -7,6 +7,8 @@ host_steps   environment, topology, health, tuning
 probe_steps  probe, fingerprint, verdict, gain
 serve        the agent
 torch_step   PyTorch eager against the probe's device-bound figure
+checkout     the commit and the commands' environment
+report       merging reports, the Markdown
 
 tools/gpu_proof.py is the entry: its command line, the run of every step in a process of its own.
 """
