@@ -56,7 +56,6 @@ import subprocess
 import sys
 import threading
 import time
-import types
 from pathlib import Path
 from typing import Any, Callable
 
@@ -297,28 +296,6 @@ def main(argv: list[str] | None = None) -> int:
     if not 1 <= a.verdict_runs <= len(VERDICT_PLAN):
         ap.error(f"--verdict-runs {a.verdict_runs}: expected 1..{len(VERDICT_PLAN)}")
     return run_all(a)
-
-
-_UNSET = object()
-
-
-class _ReExports(types.ModuleType):
-    """Assigning one of the re-exported names on this module (a test putting a fixture host in
-    place of ``host_for``) assigns it, too, in every module of the package that holds the same
-    object, so that the steps use what was put here."""
-
-    def __setattr__(self, name: str, value: Any) -> None:
-        old = self.__dict__.get(name, _UNSET)
-        if old is not _UNSET and name in __all__:
-            for mod_name, mod in list(sys.modules.items()):
-                if (mod_name == "proof" or mod_name.startswith("proof.")) and getattr(mod, name, _UNSET) is old:
-                    setattr(mod, name, value)
-        super().__setattr__(name, value)
-
-
-_this = sys.modules.get(__name__)
-if _this is not None and _this.__dict__ is globals():
-    _this.__class__ = _ReExports
 
 
 if __name__ == "__main__":
