@@ -198,18 +198,24 @@ class Sightings:
 
     def add(self, kind: str, bus: str, code: int, rest: str, sev: str | None, dev: str | None,
             rec: KernelRecord) -> None:
-        rank = max(OTHER, min(FATAL, int(self.rank(kind, code, rest, sev))))
         key = (kind, bus, code)
         s = self.items.get(key)
         if s is None:
+            rank = max(OTHER, min(FATAL, int(self.rank(kind, code, rest, sev))))
             if self._room(bus, rank):
                 self.items[key] = {"count": 1, "first_usec": rec.usec, "last_usec": rec.usec,
                                    "message": rest[:MAX_MESSAGE], "severity_word": sev, "device": dev, "rank": rank}
             return
         s["count"] += 1
-        if rec.usec is not None:
-            s["first_usec"] = rec.usec if s["first_usec"] is None else min(s["first_usec"], rec.usec)
-            s["last_usec"] = rec.usec if s["last_usec"] is None else max(s["last_usec"], rec.usec)
+        u = rec.usec
+        if u is not None:
+            if s["first_usec"] is None or u < s["first_usec"]:
+                s["first_usec"] = u
+            if s["last_usec"] is None or u > s["last_usec"]:
+                s["last_usec"] = u
+        if s["rank"] >= FATAL:
+            return  # nothing worse to find
+        rank = max(OTHER, min(FATAL, int(self.rank(kind, code, rest, sev))))
         if rank > s["rank"]:  # the worst record speaks for the sighting (NVLink5: any Fatal makes it fatal)
             if rank >= FATAL:
                 self.kept[s["rank"]] -= 1
