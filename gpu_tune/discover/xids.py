@@ -237,7 +237,12 @@ def read_kernel_xids(log: KernelLog, rank: Rank | None = None, own_buses: Iterab
     stats = ReadStats()
     table = Sightings(rank, own_buses)
     malformed = embedded = 0
+    add, xid = table.add, XID_RE.match
     for rec in log.read(WANT, stats, kernel_only=True):
+        m = xid(rec.message) if rec.head is None else None
+        if m is not None:  # the common case, without a call more
+            add("xid", m.group("bus").lower(), int(m.group("code")), (m.group("rest") or "").strip(), None, None, rec)
+            continue
         parsed = parse_kernel_line(rec.message, rec.head)
         if parsed is None:
             if rec.head is None and DRIVER_RE.match(rec.message):
@@ -245,7 +250,7 @@ def read_kernel_xids(log: KernelLog, rank: Rank | None = None, own_buses: Iterab
             elif rec.head is None or not DRIVER_RE.match(rec.head):
                 embedded += 1  # XID text inside another record: not the driver's
             continue
-        table.add(*parsed, rec)
+        add(*parsed, rec)
     notes = list(stats.notes)
     status = KernelLogStatus(source=stats.source, error=stats.error, scanned=stats.scanned, lost=stats.lost,
                              cut=stats.cut, malformed=malformed, dropped=table.dropped, notes=tuple(notes),

@@ -22,7 +22,7 @@ from __future__ import annotations
 
 import re
 from dataclasses import dataclass, field
-from typing import Iterator
+from typing import Iterator, NamedTuple
 
 MAX_RECORD = 8192
 KERNEL_FACILITY = 0
@@ -40,12 +40,12 @@ _ESC_RE = re.compile(rb"\\x([0-9a-f]{2})")
 _INDENT = (b" ", b"\t")
 
 
-@dataclass(frozen=True)
-class KernelRecord:
+class KernelRecord(NamedTuple):
     """One record (or one line of a record of several): ``seq`` and ``usec`` (microseconds since
     boot) where the source gives them; ``priority`` is ``facility * 8 + level`` (None where the
     line gives none); ``head``: the start of the first line of the record this line continues
-    (``""`` when that line could not be found), None when the line starts its record."""
+    (``""`` when that line could not be found), None when the line starts its record. A tuple:
+    one is made for every record that matches, a million per read at most."""
 
     seq: int | None
     usec: int | None
@@ -79,6 +79,11 @@ class ReadStats:
     notes: list[str] = field(default_factory=list)
 
 
+def _unescape(msg: bytes) -> bytes:
+    """/dev/kmsg escapes newlines, other control bytes and "\\" as \\xNN: undone."""
+    return _ESC_RE.sub(lambda e: bytes((int(e.group(1), 16),)), msg)
+
+
 def usec_of(sec: bytes | None, frac: bytes | None) -> int | None:
     if sec is None or frac is None:
         return None
@@ -91,8 +96,8 @@ def fields(line: bytes) -> tuple[int | None, int | None, int | None, bytes, byte
     m = KMSG_RE.match(line)
     if m:
         msg = line[m.end():]
-        if b"\\x" in msg:  # /dev/kmsg escapes newlines, other control bytes and "\" as \xNN
-            msg = _ESC_RE.sub(lambda e: bytes((int(e.group(1), 16),)), msg)
+        if b"\\x" in msg:
+            msg = _unescape(msg)
         return int(m.group(1)), int(m.group(2)), int(m.group(3)), msg, b""
     m = SYSLOG_RE.match(line)
     if m:
@@ -157,7 +162,7 @@ def tail_lines(buf: bytes, n: int) -> bytes:
 
 
 def scan(buf: bytes, start: int, want: re.Pattern[bytes] | None, st: ReadStats,
-          kernel_only: bool) -> Iterator[KernelRecord]:
+         kernel_only: bool) -> Iterator[KernelRecord]:
     """The records among the complete lines of ``buf[start:]`` whose line matches ``want`` (every
     line when None); ``buf[:start]`` holds the lines before them (to find the record a line
     continues). Only matching lines are looked at one by one."""
@@ -175,13 +180,24 @@ def scan(buf: bytes, start: int, want: re.Pattern[bytes] | None, st: ReadStats,
         e = n if e < 0 else e
         pos = e + 1
         line = buf[s:e]
-        if not line.strip() or _DICT_RE.match(line):
+        if line[:1] in _INDENT and (_DICT_RE.match(line) or line.isspace()) or not line:
             continue
         if len(line) > MAX_RECORD:
             line, st.cut = line[:MAX_RECORD], st.cut + 1
-        rec = _record(buf, s, line, st, kernel_only)
-        if rec is not None:
-            yield rec
+        m = KMSG_RE.match(line)
+        if m is None:
+            rec = _record(buf, s, line, st, kernel_only)
+            if rec is not None:
+                yield rec
+            continue
+        prio = int(m.group(1))  # /dev/kmsg's form, the common one: no line before it matters
+        if kernel_only and prio >> 3 != KERNEL_FACILITY:
+            st.foreign += 1
+            continue
+        msg = line[m.end():]
+        if b"\\x" in msg:
+            msg = _unescape(msg)
+        yield KernelRecord(int(m.group(2)), int(m.group(3)), msg.decode("utf-8", "replace"), prio)
 
 
 def _record(buf: bytes, s: int, line: bytes, st: ReadStats, kernel_only: bool) -> KernelRecord | None:

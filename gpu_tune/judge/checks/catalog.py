@@ -109,16 +109,23 @@ def catalog() -> Catalog:
 def sighting_rank(kind: str, code: int, message: str, severity_word: str | None) -> int:
     """How much one kernel log record matters, for the reader's bounds and for which record of a
     sighting speaks for it: FATAL (the catalog's action gates, or an SXid says ``Fatal``), NOTED
-    (a code the catalog does not know, or marks unused: named in a warning), OTHER."""
-    cat = catalog()
-    if kind == "sxid":
-        entry = cat.sxid(code)
-        if severity_word == "Fatal" or (entry is not None and entry.fatal):
-            return FATAL
-        return NOTED if entry is None else OTHER
-    entry = cat.xid(code)
-    if entry is None:
-        return NOTED
-    if entry.fatal_for(message):
+    (a code the catalog does not know, or marks unused: named in a warning), OTHER. Called for
+    every record: only NVLink5 XIDs look at the text."""
+    if kind == "xid" and code in NVLINK5:
+        entry = catalog().xid(code)
+        if entry is None:
+            return NOTED
+        return FATAL if entry.fatal_for(message) else NOTED if entry.unused else OTHER
+    if kind == "sxid" and severity_word == "Fatal":
         return FATAL
-    return NOTED if entry.unused else OTHER
+    return (_RANKS or _ranks()).get((kind, code), NOTED)
+
+
+_RANKS: dict[tuple[str, int], int] = {}
+
+
+def _ranks() -> dict[tuple[str, int], int]:
+    cat = catalog()
+    _RANKS.update({("xid", c): FATAL if e.fatal else NOTED if e.unused else OTHER for c, e in cat.xids.items()})
+    _RANKS.update({("sxid", c): FATAL if e.fatal else OTHER for c, e in cat.sxids.items()})
+    return _RANKS
