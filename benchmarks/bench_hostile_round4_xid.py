@@ -16,6 +16,8 @@ Cases (``--scale`` multiplies the record counts; 1.0 is the size each was first 
 - ``forged-32M``: a 32 MiB ring (the largest ``CONFIG_LOG_BUF_SHIFT`` allows) of records at
   priority 14 (facility user, as any write to ``/dev/kmsg`` gets) each naming XID 79 on GPU 0:
   all ignored and counted (ready).
+- ``xid13-32M``: a 32 MiB ring of the kernel's own XID 13 records on GPU 0 (an application
+  faulting in a loop): every record is parsed and counted, the costliest read (ready).
 
 Printed per case: whether the verdict is the right one, exit status, and the medians over
 ``--runs`` of wall seconds, CPU seconds and peak RSS (``wait4``) of the ``gpu-tune check``
@@ -85,11 +87,20 @@ def case_forged(root: Path, scale: float) -> str:
     return f"{n:,} user-facility records, {(root / 'dev/kmsg').stat().st_size / (1 << 20):.1f} MiB"
 
 
+def case_xid13(root: Path, scale: float) -> str:
+    size = max(1, int((32 << 20) * scale))
+    line = lambda i: f"4,{100 + i},{20_000_000 + i},-;NVRM: Xid (PCI:{GPU0}): 13, pid=4242, name=python3, Graphics Exception\n"  # noqa: E501,E731
+    n = size // len(line(500_000))
+    _write_records(root / "dev/kmsg", line, n)
+    return f"{n:,} kernel XID 13 records, {(root / 'dev/kmsg').stat().st_size / (1 << 20):.1f} MiB"
+
+
 CASES = {  # name: (build, expected exit, expected reason, words in the message or in gpu.xid's detail)
     "healthy": (case_healthy, 0, "AllChecksPassed", ""),
     "newest-10M": (case_newest, 1, "FatalXid", "GPU 3: XID 79"),
     "flood-13": (case_flood, 1, "FatalXid", "GPU 3: XID 79"),
     "forged-32M": (case_forged, 0, "AllChecksPassed", "not written by the kernel ignored"),
+    "xid13-32M": (case_xid13, 0, "AllChecksPassed", "no fatal XID"),
 }
 
 
