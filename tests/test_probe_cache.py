@@ -118,7 +118,7 @@ def test_a_file_writable_by_others_or_of_another_user_is_a_fault(tmp_path):
     (k / ENTRY).chmod(0o644)
     assert _walk(k).fault is None
     if os.geteuid() != 0:
-        skips.condition("root", "chown to another user needs root")
+        skips.condition("not-root", "chown to another user needs root")
     os.chown(k / ENTRY, 4242, -1)
     assert _walk(k).fault == f"{k}/{ENTRY} belongs to uid 4242, not to this process' uid 0"
 
