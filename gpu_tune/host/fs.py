@@ -348,7 +348,9 @@ class HostFS:
             os.close(fd)
 
     def pids(self) -> list[int]:
-        return [int(n) for n in self.listdir("/proc") if n.isdigit()]
+        from gpu_tune.host.numbers import uint_or_none
+
+        return [n for n in (uint_or_none(name, max_digits=10) for name in self.listdir("/proc")) if n is not None]
 
     def is_kernel_file(self, host_path: str) -> bool:
         """True when the file lives on procfs/sysfs (a knob), False for a regular file (and for
@@ -553,6 +555,26 @@ class HostFS:
         finally:
             os.close(dfd)
         return removed
+
+    def set_aside(self, host_path: str, aside: str) -> None:
+        """Rename ``host_path`` (whatever it is: a file, a FIFO, a symlink, which is renamed itself
+        and never followed) to ``aside``, a name in the same folder, replacing an earlier one there:
+        so one bad file is kept for a person to look at, never more. Raises HostError."""
+        rel = self._rel(host_path)
+        parent, _, name = rel.rpartition("/")
+        if not name or "/" in aside or aside in ("", ".", ".."):
+            raise HostError(f"{host_path}: cannot be set aside as {aside!r}")
+        try:
+            dfd = self._dir_for_write("/" + parent, create=False, for_path=host_path)
+        except FileNotFoundError as exc:
+            raise self._error(host_path, exc, write=True, what="set aside: ") from None
+        try:
+            os.replace(name, aside, src_dir_fd=dfd, dst_dir_fd=dfd)
+            os.fsync(dfd)
+        except OSError as exc:
+            raise self._error(host_path, exc, write=True, what="set aside: ") from None
+        finally:
+            os.close(dfd)
 
     def remove(self, host_path: str) -> None:
         """Remove a file (a symlink there is removed itself, never followed)."""
