@@ -32,8 +32,9 @@ class HealthMonitor:
         self.state = HealthState(fs if persist else None, **kw)
 
     def read(self, gpus: Sequence[GpuInfo], topology: Mapping[str, Any] | None = None, *,
-             clear_tokens: Iterable[str] = ()) -> tuple[HostHealth, HealthView]:
-        host = read_host_health(self.fs, self.log, gpu_bus_ids(gpus, topology))
+             clear_tokens: Iterable[str] = (), ib_named: Iterable[str] = ()) -> tuple[HostHealth, HealthView]:
+        """``ib_named``: the InfiniBand ports a profile names (read first, whatever the bounds)."""
+        host = read_host_health(self.fs, self.log, gpu_bus_ids(gpus, topology), ib_named=ib_named)
         view = self.state.observe(host, gpus, clear_tokens=clear_tokens)
         return host, view
 
