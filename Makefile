@@ -14,12 +14,15 @@ DEB_IMAGE := podman buildah runc mmdebstrap pigz
 # plugins, iptables and conntrack for the node's network namespace, zstd for the server binaries
 # (KUBE_BIN_DIR, default ../shared/kube; README "Running the cluster tests").
 DEB_KUBE := etcd-server containerd runc containernetworking-plugins iptables conntrack zstd
+# A real Slurm for the Slurm health-check tests (tests/realslurm): Debian's slurmctld, slurmd and
+# munge (22.05 in bookworm), without their recommends; their own services are not used.
+DEB_SLURM := slurmctld slurmd munge slurm-client
 FLAVOUR ?= gpu
 # The image's lock files: every package pinned with its hashes, for CPython 3.11 on x86_64 Linux.
 UV_COMPILE := $(BIN)/uv pip compile --quiet --no-config --python-version 3.11 \
   --python-platform x86_64-manylinux_2_28 --generate-hashes
 
-.PHONY: setup tools run-tools image-tools kube-tools image lock run test bench clean chart-files chart
+.PHONY: setup tools run-tools image-tools kube-tools slurm-tools image lock run test bench clean chart-files chart
 
 # `make run` needs the agent and the probe's TensorFlow (CPU) only; `make test` adds the test tools.
 $(VENV)/.run: pyproject.toml
@@ -42,6 +45,7 @@ tools:
 	command -v promtool >/dev/null || missing="$$missing prometheus"; \
 	command -v numactl >/dev/null || missing="$$missing numactl"; \
 	ls /usr/lib/*/libjemalloc.so.2 /usr/lib64/libjemalloc.so.2 >/dev/null 2>&1 || missing="$$missing libjemalloc2"; \
+	command -v systemd-analyze >/dev/null || missing="$$missing systemd"; \
 	if [ -n "$$missing" ]; then \
 	  if [ "$$(id -u)" = 0 ] && command -v apt-get >/dev/null; then \
 	    apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq $$missing >/dev/null; \
@@ -96,10 +100,23 @@ run-tools:
 	  else echo "gpu-tune: jemalloc is not installed: sudo apt-get install libjemalloc2 (Debian/Ubuntu) or sudo dnf install jemalloc (RHEL/Fedora); until then the probe fails with that reason" >&2; fi; \
 	fi
 
+# slurmctld, slurmd, munge and Slurm's client commands, installed when root and missing; elsewhere
+# the Slurm tests fail saying what is missing, as for the other tools (tests/skips.py). The packages'
+# own services are not started by the tests (policy-rc.d or not, the tests run their own).
+slurm-tools:
+	@missing=""; for t in slurmctld slurmd munged scontrol; do command -v $$t >/dev/null || \
+	  [ -x /usr/sbin/$$t ] || missing="$$missing $$t"; done; \
+	if [ -n "$$missing" ]; then \
+	  if [ "$$(id -u)" = 0 ] && command -v apt-get >/dev/null; then \
+	    apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq --no-install-recommends \
+	      $(DEB_SLURM) >/dev/null; \
+	  else echo "not installed:$$missing (the Slurm tests fail under make test)" >&2; fi; \
+	fi
+
 # As root with the Kubernetes binaries beside the clone (CI), the real-cluster tests must run: a
 # missing piece fails them instead of skipping them (tests/realkube/plugin.py).
 REQUIRE_CLUSTER := $(shell [ -d ../shared/kube ] && [ "$$(id -u)" = 0 ] && echo 1)
-test: setup tools image-tools kube-tools
+test: setup tools image-tools kube-tools slurm-tools
 	GPU_TUNE_REQUIRE_ALL=1 GPU_TUNE_REQUIRE_CLUSTER=$(REQUIRE_CLUSTER) $(BIN)/pytest -q
 
 bench: setup tools

@@ -23,6 +23,7 @@ from tests.realkube.plugin import (  # noqa: E402,F401
     pytest_terminal_summary,
     second_kube_node,
 )
+from tests.realslurm.plugin import _slurm_cluster, slurm  # noqa: E402,F401
 
 GPU_FIXTURES = REPO / "tests" / "fixtures" / "gpu"
 

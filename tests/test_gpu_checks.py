@@ -125,35 +125,21 @@ def test_mig_fixture_types_are_checked(tmp_path):
 
 
 def test_mig_mode_from_nvml(monkeypatch):
-    from tests.test_gpu_backends import default_gpus, make_fake_pynvml
+    from tests import nvmlfake
 
-    gpus = default_gpus()
-    gpus[0]["mig"] = (1, 1)
-    gpus[2]["mig"] = (0, 1)  # enabled at the next reset
-    fake = make_fake_pynvml(gpus=gpus)
-    fake.NVML_DEVICE_MIG_DISABLE, fake.NVML_DEVICE_MIG_ENABLE = 0, 1
-
-    def get_mig(h):
-        g = fake.state["gpus"][h.index]
-        if g.get("lost"):
-            raise fake.NVMLError(15)
-        if "mig" not in g:
-            raise fake.NVMLError(3)  # NVML_ERROR_NOT_SUPPORTED: no MIG on this GPU
-        return list(g["mig"])
-
-    fake.nvmlDeviceGetMigMode = get_mig
-    monkeypatch.setitem(sys.modules, "pynvml", fake)
-    from gpu_tune.gpu.nvml import NvmlBackend
-
-    b = NvmlBackend()
+    gpus = nvmlfake.hgx_h100(3, g0=dict(mig=(1, 1)), g1=dict(lost=True), g2=dict(mig=(0, 1)))  # g2: at the next reset
+    b, lib = nvmlfake.backend(monkeypatch, gpus)
     g0, g1, g2 = b.gpus()
     assert (g0.mig_mode, g0.mig_mode_pending) == (True, True)
     assert g1.error_kind == "lost" and g1.mig_mode is None
     assert (g2.mig_mode, g2.mig_mode_pending) == (False, True)
-    del fake.state["gpus"][0]["mig"]
-    assert b.gpus()[0].mig_mode is None  # not supported -> None
-    del fake.nvmlDeviceGetMigMode  # bindings without the call
-    assert b.gpus()[2].mig_mode is None
+    lib.gpus[0].mig = None  # NVML_ERROR_NOT_SUPPORTED: no MIG on this GPU
+    assert b.gpus()[0].mig_mode is None
+    lib.missing.add("nvmlDeviceGetMigMode")  # a driver without the call (the binding caches the pointer)
+    import pynvml
+
+    pynvml._nvmlGetFunctionPointer_cache.pop("nvmlDeviceGetMigMode", None)
+    assert b.gpus()[2].mig_mode is None and not b.gpus()[2].unread
     b.close()
 
 

@@ -343,7 +343,8 @@ def test_the_real_host_check_compares_each_journalled_file_with_what_it_held_bef
     shutil.copyfile(ROOT / "tests/fixtures/gpu/vm-virtio-2node.json", fixture)
     host = {"root": str(root), "args": ["--root", str(root), "--gpu-backend", "fixture", "--gpu-fixture", str(fixture)],
             "fixture": str(fixture), "real": True}
-    monkeypatch.setattr(proof, "host_for", lambda ctx, kind: host)
+    # the step looks the host up where it lives (tools/proof/host_steps.py): a fixture tree, never /
+    monkeypatch.setattr(sys.modules["proof.host_steps"], "host_for", lambda ctx, kind: host)
     res = proof.step_tuning(_ctx(tmp_path), proof.Runner(_ctx(tmp_path)))
     d = res["data"]
     assert res["status"] == "passed", res["reason"]

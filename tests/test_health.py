@@ -368,98 +368,14 @@ def test_catalog_rows_and_sources():
     assert cat.sxid(12020).action == "reboot" and cat.sxid(12028).action == "ignore"
 
 
-# -- the NVML code path, against a fake pynvml at the level of its functions ---------------------------
-def health_pynvml(per_gpu: dict):
-    """tests/test_gpu_backends.py's fake pynvml with NVML's health calls, shaped as nvidia-ml-py's:
-    field values as an array of structs, SRAM and fabric structs filled through a pointer."""
-    import ctypes
-
-    from tests.test_gpu_backends import _Struct, make_fake_pynvml
-
-    base = dict(name="NVIDIA H100 80GB HBM3", mem=(81559, 1024), cc=(9, 0), pm=1, ecc=1, ecc_unc=0, retired=0,
-                remap=(0, 0, 0, 0), temp=35, power_mw=71500, util=3, reasons=0, gen=5, gen_max=5, width=16,
-                width_max=16, procs=[], aff=range(0, 56), recovery=0, sram=(0, 0, 0), links=[True] * 18,
-                link_errors=(0, 0, 0), fabric=(3, 0), replays=0, sm=(1980, 1980), inforom=True)
-    gpus = [dict(base, uuid=f"GPU-{i}", bus=f"00000000:{0x18 + i:02X}:00.0", **per_gpu.get(i, {})) for i in range(2)]
-    m = make_fake_pynvml(gpus=gpus)
-    m.NVML_FI_DEV_GET_GPU_RECOVERY_ACTION = 230
-    m.NVML_NVLINK_MAX_LINKS = 36
-    m.NVML_NVLINK_ERROR_DL_REPLAY, m.NVML_NVLINK_ERROR_DL_RECOVERY, m.NVML_NVLINK_ERROR_DL_CRC_FLIT = 0, 1, 2
-    m.NVML_P2P_CAPS_INDEX_NVLINK, m.NVML_P2P_STATUS_OK = 2, 0
-    m.NVML_CLOCK_SM = 1
-    for code, name in ((14, "CorruptedInforom"), (16, "ResetRequired"), (13, "FunctionNotFound")):
-        cls = type(f"NVMLError_{name}", (m.NVMLError,), {})
-        m.NVMLError._map[code] = cls
-        setattr(m, f"NVMLError_{name}", cls)
-
-    class Sram(ctypes.Structure):
-        _fields_ = [("version", ctypes.c_uint), ("volatileUncParity", ctypes.c_ulonglong),
-                    ("volatileUncSecDed", ctypes.c_ulonglong), ("bThresholdExceeded", ctypes.c_uint)]
-
-    class FabricInfo(ctypes.Structure):
-        _fields_ = [("status", ctypes.c_int), ("state", ctypes.c_uint8)]
-
-    m.c_nvmlEccSramErrorStatus_v1_t, m.c_nvmlGpuFabricInfoV_t = Sram, FabricInfo
-    st = m.state
-
-    def dev(h):
-        g = st["gpus"][h.index]
-        if g.get("reset"):
-            raise m.NVMLError(16)
-        return g
-
-    def fields(h, ids):
-        g = dev(h)
-        assert ids == [230]
-        return [_Struct(nvmlReturn=0, value=_Struct(uiVal=g["recovery"]))]
-
-    def inforom(h):
-        if not dev(h)["inforom"]:
-            raise m.NVMLError(14)
-
-    def sram(h, ref):
-        s = ref._obj  # what ctypes.byref() points at: nvidia-ml-py hands the pointer to NVML as it is
-        s.volatileUncParity, s.volatileUncSecDed, s.bThresholdExceeded = dev(h)["sram"]
-        return 0
-
-    def link_state(h, link):
-        links = dev(h)["links"]
-        if links is None or link >= len(links):
-            raise m.NVMLError(3 if links is None else 2)
-        return 1 if links[link] else 0
-
-    def link_err(h, link, counter):
-        return dev(h)["link_errors"][counter]
-
-    def p2p(h1, h2, cap):
-        assert cap == 2
-        return dev(h1).get("p2p", {}).get(h2.index, 0)
-
-    def fabric(h, ref):
-        ref._obj.state, ref._obj.status = dev(h)["fabric"]
-        return 0
-
-    m.nvmlDeviceGetFieldValues = fields
-    m.nvmlDeviceValidateInforom = inforom
-    m.nvmlDeviceGetSramEccErrorStatus = sram
-    m.nvmlDeviceGetNvLinkState = link_state
-    m.nvmlDeviceGetNvLinkErrorCounter = link_err
-    m.nvmlDeviceGetP2PStatus = p2p
-    m.nvmlDeviceGetGpuFabricInfoV = fabric
-    m.nvmlDeviceGetPcieReplayCounter = lambda h: dev(h)["replays"]
-    m.nvmlDeviceGetClockInfo = lambda h, c: dev(h)["sm"][0]
-    m.nvmlDeviceGetMaxClockInfo = lambda h, c: dev(h)["sm"][1]
-    m.nvmlDeviceGetRemappedRows = lambda h: dev(h)["remap"]
-    return m
-
-
+# -- the NVML code path, through the real nvidia-ml-py over a fake C library (tests/nvmlfake.py) --------
 def nvml_gpus(monkeypatch, per_gpu: dict | None = None):
-    import sys
+    from tests import nvmlfake
 
-    monkeypatch.setitem(sys.modules, "pynvml", health_pynvml(per_gpu or {}))
-    from gpu_tune.gpu.nvml import NvmlBackend
-
-    b = NvmlBackend()
+    gpus = nvmlfake.hgx_h100(2)
+    for i, kw in (per_gpu or {}).items():
+        gpus[i] = dataclasses.replace(gpus[i], **kw)
+    b, _ = nvmlfake.backend(monkeypatch, gpus)
     try:
         return b.gpus()
     finally:
@@ -471,7 +387,7 @@ def test_nvml_reads_every_health_field(monkeypatch):
     assert (g0.recovery_action, g0.reset_required, g0.inforom_valid) == ("none", False, True)
     assert (g0.remapped_rows.pending, g0.remapped_rows.failure, g0.sram_ecc.uncorrected) == (False, False, 0)
     assert len(g0.nvlink) == 18 and all(link.active for link in g0.nvlink)
-    assert g0.nvlink_p2p == (("0000:19:00.0", True),) and g0.fabric.state == "completed"
+    assert g0.nvlink_p2p == (("0000:2a:00.0", True),) and g0.fabric.state == "completed"
     assert (g0.pcie_replay_count, g0.sm_clock_mhz, g0.sm_clock_max_mhz) == (0, 1980, 1980)
     v = verdict(profile=load_profile("training"), audit={"settings": []}, gpus=[g0, g1], probes=[{"gpu": "0", "passed": True}])
     assert v.ready, v.message()
@@ -479,16 +395,16 @@ def test_nvml_reads_every_health_field(monkeypatch):
 
 @pytest.mark.parametrize("gpu1, reason, words", [
     ({"recovery": 4}, "GpuResetRequired", "NVML recovery action drain_and_reset"),
-    ({"reset": True}, "GpuResetRequired", 'NVML answers "GPU requires reset"'),
+    ({"reset_required": True}, "GpuResetRequired", 'NVML answers "GPU requires reset"'),
     ({"remap": (0, 3, 1, 0)}, "GpuMemoryErrors", "a row remapping is pending"),
     ({"remap": (0, 600, 0, 1)}, "GpuMemoryErrors", "row remapping failed"),
     ({"sram": (1, 0, 0)}, "GpuMemoryErrors", "1 uncorrected SRAM ECC error(s)"),
     ({"sram": (0, 0, 1)}, "GpuMemoryErrors", "SRAM ECC error threshold is exceeded"),
     ({"links": [True] * 17 + [False]}, "NvlinkDown", "17 of 18 NVLinks active (down: 17)"),
     ({"p2p": {0: 1}}, "NvlinkDown", "no P2P over NVLink to 0000:18:00.0"),
-    ({"fabric": (2, 0)}, "FabricNotReady", "fabric registration in progress"),
-    ({"fabric": (3, 999)}, "FabricNotReady", "fabric registration failed"),
-    ({"reasons": 0x80, "temp": 99}, "GpuSlowedDown", "temperature above 87 C"),
+    ({"fabric": (2, 0, 0, 0)}, "FabricNotReady", "fabric registration in progress"),
+    ({"fabric": (3, 999, 0, 0)}, "FabricNotReady", "fabric registration failed"),
+    ({"clock_reasons": 0x80, "temperature": 99}, "GpuSlowedDown", "temperature above 87 C"),
 ])
 def test_nvml_failures_are_judged(monkeypatch, gpu1, reason, words):
     g0, g1 = nvml_gpus(monkeypatch, {1: gpu1})
@@ -503,23 +419,21 @@ def test_nvml_failures_are_judged(monkeypatch, gpu1, reason, words):
 
 
 def test_nvml_without_the_health_calls_reports_nothing_rather_than_healthy(monkeypatch):
-    """An older driver or nvidia-ml-py without the calls: the fields stay None and no family says
-    "healthy" for what it did not read."""
-    import sys
+    """An older driver without the calls (the binding raises its own FunctionNotFound): the fields
+    stay None, nothing is "not read", and no family says "healthy" for what it did not read."""
+    from tests import nvmlfake
 
-    from tests.test_gpu_backends import make_fake_pynvml, default_gpus
-
-    gpus = [dict(g, lost=False) for g in default_gpus()[:1]]
-    monkeypatch.setitem(sys.modules, "pynvml", make_fake_pynvml(gpus=gpus))
-    from gpu_tune.gpu.nvml import NvmlBackend
-
-    b = NvmlBackend()
+    missing = frozenset({"nvmlDeviceGetFieldValues", "nvmlDeviceValidateInforom", "nvmlDeviceGetSramEccErrorStatus",
+                         "nvmlDeviceGetMemoryErrorCounter", "nvmlDeviceGetNvLinkState", "nvmlDeviceGetGpuFabricInfoV",
+                         "nvmlDeviceGetGpuFabricInfo", "nvmlDeviceGetPcieReplayCounter"})
+    b, _ = nvmlfake.backend(monkeypatch, nvmlfake.hgx_h100(1), missing=missing)
     (g,) = b.gpus()
     b.close()
     assert (g.recovery_action, g.inforom_valid, g.sram_ecc, g.nvlink, g.fabric, g.pcie_replay_count) == (None,) * 6
+    assert g.unread == ()
     v = verdict(profile=load_profile("training"), audit={"settings": []}, gpus=[g], probes=[])
     names = {c.name: c for c in v.checks}
-    assert not set(names) & {"gpu.inforom", "gpu.nvlink", "gpu.fabric"}
+    assert not set(names) & {"gpu.inforom", "gpu.fabric"}
     assert names["gpu.recovery"].detail == "no GPU requires a reset (NVML reports no recovery action here)"
 
 

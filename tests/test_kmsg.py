@@ -5,15 +5,20 @@ read."""
 
 from __future__ import annotations
 
+import errno
+import os
 import re
 import tracemalloc
+from collections import deque
 from pathlib import Path
 
 import pytest
 
 from gpu_tune.discover.health import MAX_SIGHTINGS, WANT, read_kernel_xids
+from gpu_tune.discover.xids import FATAL, MAX_FATAL_BUSES
 from gpu_tune.host.fs import HostFS
 from gpu_tune.host.kmsg import MAX_RECORD, KernelLog, ReadStats, live_host, parse_record
+from gpu_tune.judge.checks.catalog import sighting_rank
 
 BOOT_ID = "6c1f2b1e-8a9d-4c8e-9d7e-2f1f3b6a9c11"
 XID = "3,{seq},{usec},-;NVRM: Xid (PCI:0000:{bus}:00): {code}, pid='<unknown>', name=<unknown>, {text}\n"
@@ -144,10 +149,14 @@ def test_malformed_and_ten_thousand_xids(tmp_path):
     assert status.malformed == 2 and status.error is None
 
 
-def test_distinct_sightings_are_capped(tmp_path):
-    lines = "".join(XID.format(seq=i, usec=i, bus=f"{i % 256:02x}", code=1000 + i, text="x")
+def test_sightings_that_are_not_fatal_are_capped(tmp_path):
+    lines = "".join(XID.format(seq=i, usec=i, bus=f"{i % 256:02x}", code=13, text="x")
                     for i in range(MAX_SIGHTINGS + 500))
-    sightings, status = read_kernel_xids(KernelLog(HostFS(tree(tmp_path, lines))))
+    sightings, status = read_kernel_xids(KernelLog(HostFS(tree(tmp_path, lines))), sighting_rank)
+    assert len(sightings) == 256 and status.dropped == 0  # 256 bus ids
+    lines = "".join(XID.format(seq=i, usec=i, bus=f"{i % 256:02x}", code=13, text="x").replace(":00)", f":{i // 256:02x})")
+                    for i in range(MAX_SIGHTINGS + 500))
+    sightings, status = read_kernel_xids(KernelLog(HostFS(tree(tmp_path, lines))), sighting_rank)
     assert len(sightings) == MAX_SIGHTINGS and status.dropped == 500
 
 
@@ -165,3 +174,176 @@ def test_the_prefilter_matches_what_the_parser_reads():
     assert WANT.search(b"NVRM: GPU 0000:91:00.0: GPU has fallen off the bus.")
     assert not WANT.search(b"usb 1-1: new high-speed USB device")
     assert re.compile(WANT.pattern)  # bytes: checked before decoding
+
+
+# -- only the driver's records: forged, embedded and drowned XIDs ----------------------------------------
+FORGED = "NVRM: Xid (PCI:0000:18:00): 79, pid='<unknown>', name=<unknown>, GPU has fallen off the bus."
+
+
+def syslog_log(monkeypatch, tmp_path, text: bytes) -> KernelLog:
+    """A reader whose source is syslog(2) text (``text``, as SYSLOG_ACTION_READ_ALL gives it)."""
+    import gpu_tune.host.kmsg as kmsg
+
+    monkeypatch.setattr(kmsg, "_syslog_read_all", lambda: (text, None))
+    log = KernelLog(HostFS(tree(tmp_path, None)))
+    log._kind, log._source = "syslog", "syslog(2)"
+    return log
+
+
+@pytest.mark.parametrize("prio", [14, 30, 38, 190, 8, 99999999999999999999])
+def test_records_written_from_user_space_are_not_the_drivers(tmp_path, monkeypatch, prio):
+    """Facility 0 is the kernel's alone: a write to /dev/kmsg never gets it. User (14), daemon (30),
+    auth (38), local7 (190) records naming an XID are counted and ignored, in both forms."""
+    root = tree(tmp_path, f"{prio},5,5,-;{FORGED}\n" + XID.format(seq=6, usec=6, bus="5d", code=48, text="DBE"))
+    sightings, status = read_kernel_xids(KernelLog(HostFS(root)), sighting_rank)
+    assert [(s.bus, s.code) for s in sightings] == [("0000:5d:00", 48)] and status.foreign == 1
+    log = syslog_log(monkeypatch, tmp_path / "s", f"<{prio}>[    5.000000] {FORGED}\n<3>[    6.000000] NVRM: Xid "
+                     "(PCI:0000:5d:00): 48, DBE\n".encode())
+    sightings, status = read_kernel_xids(log, sighting_rank)
+    assert [(s.bus, s.code) for s in sightings] == [("0000:5d:00", 48)] and status.foreign == 1
+
+
+def test_xid_text_anywhere_but_the_start_of_a_record_is_not_the_drivers(tmp_path, monkeypatch):
+    """A USB product string or a HID name holding the driver's words, mid-line or after a newline
+    inside another driver's record (kmsg escapes it; syslog(2) repeats the record's prefix)."""
+    kmsg = ("6,1,1,-;usb 1-1: Product: " + FORGED + "\n"
+            "6,2,2,-;input: " + FORGED + " as /devices/pci0000:00/0000:00:14.0/usb1/1-1/1-1:1.0/input/input9\n"
+            "6,3,3,-;usb 1-1: Product: x\\x0a" + FORGED + "\n")
+    sightings, status = read_kernel_xids(KernelLog(HostFS(tree(tmp_path, kmsg))), sighting_rank)
+    assert sightings == () and status.embedded == 3 and status.malformed == 0
+    text = (b"<6>[    7.000000] usb 1-1: Product: x\n<6>[    7.000000] " + FORGED.encode() + b"\n"
+            b"<3>[    8.000000] NVRM: Xid (PCI:0000:5d:00): 48, DBE\n")
+    sightings, status = read_kernel_xids(syslog_log(monkeypatch, tmp_path / "s", text), sighting_rank)
+    assert [(s.bus, s.code) for s in sightings] == [("0000:5d:00", 48)] and status.embedded == 1
+    # plain dmesg text indents a record's later lines
+    dmesg = "[    7.000000] usb 1-1: Product: x\n               " + FORGED + "\n"
+    sightings, status = read_kernel_xids(KernelLog(HostFS(tree(tmp_path / "d", dmesg))), sighting_rank)
+    assert sightings == () and status.embedded == 1
+
+
+@pytest.mark.parametrize("digits", ["\u0667\u0669", "\uff17\uff19", "\u09ed\u09ef", "7\u0669"])
+def test_xid_numbers_are_ascii_digits_only(tmp_path, digits):
+    root = tree(tmp_path, f"3,1,1,-;NVRM: Xid (PCI:0000:18:00): {digits}, x\n")
+    sightings, status = read_kernel_xids(KernelLog(HostFS(root)), sighting_rank)
+    assert sightings == () and status.malformed == 1
+
+
+def test_a_flood_of_distinct_sightings_never_pushes_out_a_fatal_one(tmp_path):
+    """2,000 distinct XID 13 (invented bus ids), then a real XID 79: the 79 is kept and the flood's
+    excess is counted; fatal ones on many invented addresses never push out one of the node's GPUs."""
+    flood = "".join(XID.format(seq=i, usec=i, bus=f"{i % 256:02x}", code=13, text="app").replace(
+        ":00)", f":{i // 256:02x})") for i in range(2000))
+    root = tree(tmp_path, flood + XID.format(seq=3000, usec=3000, bus="5d", code=79, text="GPU has fallen off the bus."))
+    sightings, status = read_kernel_xids(KernelLog(HostFS(root)), sighting_rank, ["0000:5d:00.0"])
+    assert ("0000:5d:00", 79) in {(s.bus, s.code) for s in sightings}
+    assert status.dropped == 2000 - MAX_SIGHTINGS and status.dropped_fatal == 0
+    fatal = "".join(XID.format(seq=i, usec=i, bus=f"{i % 256:02x}", code=48, text="DBE").replace(
+        "PCI:0000:", "PCI:0001:") for i in range(MAX_FATAL_BUSES + 100))  # addresses in no node's domain
+    root = tree(tmp_path / "f", fatal + XID.format(seq=3000, usec=3000, bus="5d", code=79, text="x"))
+    sightings, status = read_kernel_xids(KernelLog(HostFS(root)), sighting_rank, ["0000:5d:00.0"])
+    kept = {(s.bus, s.code) for s in sightings}
+    assert ("0000:5d:00", 79) in kept and len(kept) == MAX_FATAL_BUSES + 1 and status.dropped_fatal == 100
+
+
+def test_the_worst_record_speaks_for_a_sighting_whatever_the_order(tmp_path):
+    """NVLink5 XIDs say Fatal or Nonfatal per record: any Fatal one makes the sighting fatal."""
+    nonfatal = XID.format(seq=1, usec=1, bus="1b", code=145, text="x").replace(
+        "pid='<unknown>', name=<unknown>, x", "RLW_RXPIPE Nonfatal XC1 i0 Link 03 (0x004505c6 0x00000000)")
+    fatal = XID.format(seq=2, usec=2, bus="1b", code=145, text="x").replace(
+        "pid='<unknown>', name=<unknown>, x", "RLW_SRC_TRACK Fatal XC0 i0 Link 01 (0x004505c6 0x00000001)")
+    for i, body in enumerate((nonfatal + fatal, fatal + nonfatal)):
+        (s,), _ = read_kernel_xids(KernelLog(HostFS(tree(tmp_path / str(i), body))), sighting_rank)
+        assert (s.code, s.count, s.rank, s.first_usec, s.last_usec) == (145, 2, FATAL, 1, 2)
+        assert "RLW_SRC_TRACK Fatal" in s.message
+
+
+# -- the newest records are the ones read ---------------------------------------------------------------
+def test_a_log_longer_than_one_read_reads_its_newest_lines(tmp_path):
+    body = b"6,1,1,-;x\n" * 5000 + XID.format(seq=9, usec=9, bus="5d", code=79, text="x").encode()
+    root = tree(tmp_path, body)
+    sightings, status = read_kernel_xids(KernelLog(HostFS(root), max_records=1000), sighting_rank)
+    assert [s.code for s in sightings] == [79]
+    assert status.skipped == 4001 and status.scanned == 1000
+    assert any("only the newest 1,000 lines read (4,001 older not read)" in n for n in status.notes)
+    with open(root / "dev/kmsg", "ab") as f:  # the next read reads only what is new
+        f.write(XID.format(seq=10, usec=10, bus="5d", code=48, text="DBE").encode())
+    log = KernelLog(HostFS(root), max_records=1000)
+    read_kernel_xids(log)
+    with open(root / "dev/kmsg", "ab") as f:
+        f.write(XID.format(seq=11, usec=11, bus="5d", code=94, text="x").encode())
+    sightings, status = read_kernel_xids(log)
+    assert [s.code for s in sightings] == [94] and status.skipped == 0
+
+
+class Device:
+    """The kernel's /dev/kmsg as the reader meets it: one record per read(2), EPIPE where records
+    were overwritten, EAGAIN at the end (stands in for the module's ``os``; the rest is the real one)."""
+
+    def __init__(self, records):
+        self.records = deque(records)
+
+    def read(self, fd, n):
+        if not self.records:
+            raise BlockingIOError(errno.EAGAIN, "no more")
+        r = self.records.popleft()
+        if isinstance(r, Exception):
+            raise r
+        return r[:n]
+
+    def __getattr__(self, name):
+        return getattr(os, name)
+
+
+def test_the_kernels_device_is_read_to_its_end_within_a_time_bound(tmp_path, monkeypatch):
+    import gpu_tune.host.kmsg as kmsg
+
+    records = [f"6,{i},{i},-;chatter {i}\n SUBSYSTEM=x\n".encode() for i in range(3000)]
+    records[1000:1000] = [OSError(errno.EPIPE, "overwritten")]  # then records 1000..1049 are gone
+    del records[1001:1051]
+    records += [f"14,3000,3000,-;{FORGED}\n".encode(), XID.format(seq=3001, usec=3001, bus="5d", code=79, text="x").encode()]
+    dev = Device(records)
+    monkeypatch.setattr(kmsg, "os", dev)
+    log = KernelLog(HostFS(tree(tmp_path, None)))
+    log._fd, log._kind, log._source = os.open(os.devnull, os.O_RDONLY), "device", "/dev/kmsg"
+    sightings, status = read_kernel_xids(log, sighting_rank)
+    assert [s.code for s in sightings] == [79] and status.foreign == 1 and not status.incomplete
+    assert status.scanned == 2952 and status.lost == 50
+    dev.records.extend(f"6,{i},{i},-;chatter {i}\n".encode() for i in range(3002, 6000))
+    log.max_seconds = 0
+    _, status = read_kernel_xids(log, sighting_rank)
+    assert status.incomplete and status.scanned == 1023 and "the newer ones are read next" in status.notes[0]
+    assert len(dev.records) == 2998 - 1023  # left for the next read
+    log.close()
+
+
+# -- "fallen off the bus" without an Xid line, as real drivers print it, in each form --------------------
+FALLEN3 = ("NVRM: The NVIDIA GPU 0000:b3:00.0", "NVRM: (PCI ID: 10de:26b5) installed in this system has",
+           "NVRM: fallen off the bus and is not responding to commands.")
+FALLEN1 = ("NVRM: GPU 0000:b3:00.0: GPU has fallen off the bus.",
+           "NVRM: GPU at PCI:0000:b3:00: GPU-5f2a0c4e-81d3-7a52-e1b9-0c6f3d2a4b18 has fallen off the bus.")
+
+
+def _fallen_forms() -> dict[str, tuple[str, bytes]]:
+    """(form, text) of each message in the three forms the reader handles."""
+    kmsg = "3,1207,1843308145,-;" + "\\x0a".join(FALLEN3) + "\n"  # /dev/kmsg escapes a record's newlines
+    raw = "".join(f"<3>[ 1843.308145] {x}\n" for x in FALLEN3)  # syslog(2), dmesg -r: each line its prefix
+    dmesg = f"[ 1843.308145] {FALLEN3[0]}\n" + "".join(f"               {x}\n" for x in FALLEN3[1:])  # dmesg
+    out = {"kmsg-3": ("file", kmsg.encode()), "syslog-3": ("syslog", raw.encode()),
+           "dmesg-r-3": ("file", raw.encode()), "dmesg-3": ("file", dmesg.encode())}
+    for i, line in enumerate(FALLEN1):
+        out[f"kmsg-1{i}"] = ("file", f"3,1207,1843308145,-;{line}\n".encode())
+        out[f"syslog-1{i}"] = ("syslog", f"<3>[ 1843.308145] {line}\n".encode())
+        out[f"dmesg-1{i}"] = ("file", f"[ 1843.308145] {line}\n".encode())
+    return out
+
+
+@pytest.mark.parametrize("form", sorted(_fallen_forms()))
+def test_a_gpu_fallen_off_the_bus_without_an_xid_is_xid_79(tmp_path, monkeypatch, form):
+    where, text = _fallen_forms()[form]
+    if where == "syslog":
+        log = syslog_log(monkeypatch, tmp_path, b"<6>[    1.000000] boot\n" + text)
+    else:
+        log = KernelLog(HostFS(tree(tmp_path, b"6,0,0,-;boot\n" + text if form.startswith("kmsg") else text)))
+    sightings, status = read_kernel_xids(log, sighting_rank)
+    assert [(s.bus, s.code, s.first_usec, s.rank) for s in sightings] == [("0000:b3:00", 79, 1843308145, FATAL)], form
+    assert status.malformed == 0 and status.embedded == 0

@@ -14,7 +14,7 @@ from types import SimpleNamespace
 import pytest
 
 from gpu_tune.judge import probe
-from gpu_tune.judge.probe.cache import cache_folder, prune
+from gpu_tune.judge.probe.cache import cache_folder, upkeep
 from gpu_tune.judge.probe.judge import judge
 from gpu_tune.tune.profile import ProbePolicy
 
@@ -148,7 +148,8 @@ def test_the_cache_folder_is_made_beneath_the_root(tmp_path):
         (root / "proc").mkdir(parents=True)
         (root / "sys").mkdir()
     folder, why = cache_folder(HostFS(tmp_path / "a"))
-    assert why is None and Path(folder) == tmp_path / "a/var/lib/gpu-tune/xla-cache" and Path(folder).is_dir()
+    assert why is None and Path(folder) == tmp_path / "a/var/lib/gpu-tune/xla-cache"
+    assert upkeep(folder).folder == folder and Path(folder).is_dir()
     (tmp_path / "b/var").write_text("not a folder")
     folder, why = cache_folder(HostFS(tmp_path / "b"))
     assert folder is None and why.startswith("compilation cache not used:")
@@ -162,25 +163,35 @@ def _key(base: Path, name: str, size: int, age_s: float, now: float) -> Path:
     return d
 
 
+def _prune(base: Path, **kw) -> list[str]:
+    u = upkeep(str(base), **kw)
+    assert u.folder == str(base) and u.notes == []
+    return u.removed
+
+
 def test_prune_keeps_the_most_recently_used_folders_within_the_bound(tmp_path):
     now = time.time()
+    base = tmp_path / "xla-cache"
+    base.mkdir()
     for i in range(5):
-        _key(tmp_path, f"k{i}", 100, age_s=i * 60, now=now)  # k0 newest
-    assert sorted(prune(str(tmp_path), max_bytes=10_000, max_folders=3, now=now)) == ["k3", "k4"]
-    assert sorted(p.name for p in tmp_path.iterdir() if p.is_dir()) == ["k0", "k1", "k2"]
+        _key(base, f"k{i}", 100, age_s=i * 60, now=now)  # k0 newest
+    assert sorted(_prune(base, max_bytes=10_000, max_folders=3, now=now)) == ["k3", "k4"]
+    assert sorted(p.name for p in base.iterdir()) == ["k0", "k1", "k2"]
     # by size: the newest that fit, the rest go
-    assert prune(str(tmp_path), max_bytes=250, max_folders=8, now=now) == ["k2"]
-    assert prune(str(tmp_path), max_bytes=250, max_folders=8, now=now) == []
+    assert _prune(base, max_bytes=250, max_folders=8, now=now) == ["k2"]
+    assert _prune(base, max_bytes=250, max_folders=8, now=now) == []
 
 
 def test_prune_removes_what_a_killed_compilation_left_once_it_is_old(tmp_path):
     now = time.time()
-    d = _key(tmp_path, "k0", 10, 0, now)
+    base = tmp_path / "xla-cache"
+    base.mkdir()
+    d = _key(base, "k0", 10, 0, now)
     old, fresh = d / "xla_compile_cache__1__2__XLA_GPU_JIT.pb.tmp123", d / "xla_compile_cache__3__4__XLA_GPU_JIT.pb.tmp9"
     old.write_bytes(b"partial")
     fresh.write_bytes(b"partial")
     os.utime(old, (now - 7200, now - 7200))
-    assert prune(str(tmp_path), now=now) == [f"k0/{old.name}"]
+    assert _prune(base, now=now) == [f"k0/{old.name}"]
     assert fresh.exists() and not old.exists()
 
 

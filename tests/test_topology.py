@@ -76,7 +76,7 @@ def test_as_dict_shape(dgx):
     assert n0["distances"] == [10, 21] and n0["nics"] == ["ens0np0", "mlx5_1", "ens2np0", "mlx5_3"]
     g = doc["gpus"][4]
     assert g["index"] == 4 and g["pci_bus_id"] == "0000:9a:00.0" and g["numa_node"] == 1
-    assert g["pcie"] == {"gen_current": 5, "gen_max": 5, "width_current": 16, "width_max": 16, "degraded": False,
+    assert g["pcie"] == {"gen_current": 5, "gen_max": 5, "gen_device_max": 5, "width_current": 16, "width_max": 16, "degraded": False,
                          "gen_below_max": False}
     assert g["irq_count"] == 5 and g["local_cpus"] == "56-111,168-223" and g["numa_source"] == "firmware"
     nic = doc["nics"][0]

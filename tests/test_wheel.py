@@ -59,7 +59,8 @@ def test_the_wheel_holds_one_import_package_and_the_profiles(wheel):
     assert tops == {"gpu_tune", f"{wheel.name.split('-')[0]}-{wheel.name.split('-')[1]}.dist-info"}, tops
     for f in ("gpu_tune/policies/training.yaml", "gpu_tune/policies/inference.yaml",
               "gpu_tune/policies/_base.yaml", "gpu_tune/policies/baselines.yaml",
-              "gpu_tune/workload/mnist_probe.py", "gpu_tune/cli/main.py", "gpu_tune/__main__.py"):
+              "gpu_tune/workload/mnist_probe.py", "gpu_tune/cli/main.py", "gpu_tune/__main__.py",
+              "gpu_tune/systemd/gpu-tune.service", "gpu_tune/systemd/gpu-tune-apply.service"):
         assert f in names, f
     assert not [n for n in names if n.startswith(("gpu_tune/tests", "tests/", "benchmarks/"))]
     # every module of the checkout ships (pyproject.toml lists the package folders one by one)
@@ -97,6 +98,10 @@ def test_the_commands_work_from_the_wheel_with_its_own_profiles(installed, tmp_p
 
     p = _run(env_dir, str(bindir / "python"), "-m", "gpu_tune", "--version", cwd=tmp_path)
     assert p.returncode == 0 and p.stdout.strip() == "gpu-tune 0.1.0", (p.stdout, p.stderr)
+
+    p = _run(env_dir, str(bindir / "gpu-tune"), "systemd-units", cwd=tmp_path)  # the units, where pip put them
+    assert p.returncode == 0 and p.stdout.split() == [str(site / "gpu_tune" / "systemd" / u) for u in
+                                                      ("gpu-tune.service", "gpu-tune-apply.service")], p
 
     p = _run(env_dir, str(bindir / "kubectl-gpu_tune"), "fleet", "--help", cwd=tmp_path)
     assert p.returncode == 0 and "kubectl gpu-tune fleet" in p.stdout, p.stdout

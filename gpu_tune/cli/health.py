@@ -17,7 +17,10 @@ log = logging.getLogger("gpu_tune")
 
 
 @command("check", help="Every readiness check that needs no workload, once (with --probe, the MNIST probe too): "
-                       "no agent, no cluster. -o json: the /readiness document. Exit 0 ready, 1 not ready.")
+                       "no agent, no cluster. -o json: the /readiness document. Exit 0 ready, 1 not ready. "
+                       "With --slurm: also drain this Slurm node when not ready, resume it when ready if gpu-tune "
+                       "drained it (HealthCheckProgram, Prolog, Epilog; docs/slurm.md); exit 3 when slurmctld "
+                       "does not answer (nothing changed).")
 def check_cmd(
     g: Globals,
     profile: ProfileOpt = "training",
@@ -25,21 +28,46 @@ def check_cmd(
                                                         "to minutes)")] = False,
     device: Annotated[Device, typer.Option("--device", case_sensitive=False, help="With --probe: auto, gpu or cpu")]
     = Device.auto,
+    slurm: Annotated[bool, typer.Option("--slurm", help="Tell Slurm: drain this node when not ready (reason "
+                                                        "'gpu-tune: ...'), resume it when ready again if gpu-tune "
+                                                        "drained it")] = False,
+    slurm_node: Annotated[Optional[str], typer.Option("--slurm-node", metavar="NAME",
+                                                      help="With --slurm: the node's name in Slurm [default: "
+                                                           "SLURMD_NODENAME, else the node whose NodeHostName is "
+                                                           "this host]")] = None,
 ) -> int:
+    if slurm_node is not None and not slurm:
+        raise InputError("--slurm-node needs --slurm")
+    scontrol = None
+    if slurm:  # Slurm's command and configuration, and the name, checked before anything runs
+        from gpu_tune.slurm.health import Scontrol, check_node_flag
+
+        check_node_flag(slurm_node)
+        scontrol = Scontrol()
+    fs = open_host(g)
+    v, host, doc, gpus, topo_doc = _judge(g, fs, profile, probe, device)
+    if scontrol is not None:
+        return _slurm(g, fs, v, host, doc, gpus, topo_doc, slurm_node, scontrol)
+    _print_verdict(g, v, host, doc)
+    return 0 if v.ready else 1
+
+
+def _judge(g: Globals, fs, profile: str, probe: bool, device: Device):
+    """The verdict of one pass, as ``/readiness`` has it: (verdict, host health, document, GPUs,
+    topology document)."""
+    import time
+
     from gpu_tune.discover.topology import discover
     from gpu_tune.judge import probe as probe_mod
     from gpu_tune.judge.checks.expect import device_ids, expectations
     from gpu_tune.judge.checks.monitor import HealthMonitor
     from gpu_tune.judge.checks.network import named_ports
     from gpu_tune.judge.readiness import verdict
-    from gpu_tune.tune import engine
     from gpu_tune.timestamps import format_rfc3339
-
-    import time
+    from gpu_tune.tune import engine
 
     started = time.time()
     prof = profile_of(g, profile)
-    fs = open_host(g)
     backend = gpu_backend(g)
     baselines = probe_mod.load_baselines(g.policy_dir)
     errors: dict[str, str] = {}
@@ -65,15 +93,54 @@ def check_cmd(
                                                             device=device.value, previous=None, gpu_backend=backend)]
     v = verdict(profile=prof, audit=report, gpus=gpus, topology=topo_doc, probes=probes, errors=errors,
                 host=host, history=view, expect=expect)
-    doc = {"ready": v.ready, "node": socket.gethostname(), "profile": prof.name, "reason": v.reason(),
-           "message": v.message(), "checks": [c.as_dict() for c in v.checks], "since": format_rfc3339(started)}
+    doc = _doc(v, prof.name, format_rfc3339(started))
+    return v, host, doc, gpus, topo_doc
+
+
+def _doc(v, profile: str, since: str) -> dict:
+    return {"ready": v.ready, "node": socket.gethostname(), "profile": profile, "reason": v.reason(),
+            "message": v.message(), "checks": [c.as_dict() for c in v.checks], "since": since}
+
+
+def _print_verdict(g: Globals, v, host, doc: dict) -> None:
     if g.output == "json":
         print_json(doc)
     else:
         from gpu_tune.views.checks import render_checks
 
         console().print(render_checks(v, host=host))
-    return 0 if v.ready else 1
+
+
+def _slurm(g: Globals, fs, v, host, doc: dict, gpus, topo_doc, slurm_node: Optional[str], scontrol) -> int:
+    """``check --slurm``: the verdict with Slurm's GPU count beside the host's, told to Slurm
+    (gpu_tune.slurm). Table output: the verdict in a few lines (what slurmd writes to its log
+    when the check fails); stderr: what was done in Slurm, one line."""
+    import sys
+
+    from gpu_tune.slurm.health import SlurmUnreachable, slurm_pass
+
+    try:
+        done = slurm_pass(fs, v, gpus, topo_doc, node_flag=slurm_node, scontrol=scontrol)
+    except SlurmUnreachable:
+        if g.output != "json":
+            print(_summary(v))
+        raise
+    doc = {**_doc(done.verdict, doc["profile"], doc["since"]), "slurm": done.as_dict()}
+    if g.output == "json":
+        print_json(doc)
+    else:
+        print(_summary(done.verdict))
+    print(f"gpu-tune: {done.line}", file=sys.stderr)
+    return 0 if done.verdict.ready else 1
+
+
+def _summary(v) -> str:
+    """The verdict in a few plain lines: ready or not, then each failing check with its detail."""
+    from gpu_tune.views.text import printable
+
+    lines = [f"{'ready' if v.ready else 'not ready'}: {v.reason()}: {v.message()}"]
+    lines += [f"  {c.name} ({c.severity}): {c.detail}" for c in v.checks if not c.ok]
+    return printable("\n".join(lines))
 
 
 # what --gpu takes besides an index and "all": a PCI address as NVML or sysfs writes it

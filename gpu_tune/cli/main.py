@@ -13,7 +13,7 @@ from gpu_tune.cli.app import _cx, app
 from gpu_tune.views.text import printable
 
 ORDER = ("profiles", "audit", "apply", "revert", "topology", "check", "set-healthy", "probe", "gain", "label", "run",
-         "serve", "fleet")
+         "serve", "systemd-units", "fleet")
 app.registered_commands.sort(key=lambda c: ORDER.index(c.name) if c.name in ORDER else len(ORDER))
 
 

@@ -6,6 +6,7 @@ from typing import Annotated, Optional
 import typer
 
 from gpu_tune.cli.app import Device, Globals, Mode, ProfileOpt, command
+from gpu_tune.errors import GpuTuneError
 
 
 @command("serve", help="The agent: reconcile loop, read-only HTTP on :9410, Prometheus, Kubernetes publishing.")
@@ -45,3 +46,22 @@ def serve_cmd(
         verbose=g.verbose, metrics_detail=metrics_detail, hardware_condition=hardware_condition or None,
     )
     return serve(opts)
+
+
+@command("systemd-units", help="Where the systemd units of a bare-metal install are: gpu-tune.service (the agent, "
+                               "audit mode unless /etc/default/gpu-tune says otherwise) and gpu-tune-apply.service "
+                               "(apply at boot). Prints their paths, one a line: install -m 0644 "
+                               "$(gpu-tune systemd-units) /etc/systemd/system/")
+def systemd_units_cmd(g: Globals) -> int:
+    from gpu_tune.cli.app import print_json
+    from gpu_tune.systemd import folder, unit_files
+
+    files = unit_files()
+    missing = [str(f) for f in files if not f.is_file()]
+    if missing:
+        raise GpuTuneError(f"the installed package lacks its unit files: {', '.join(missing)}")
+    if g.output == "json":
+        print_json({"folder": str(folder()), "units": [{"name": f.name, "path": str(f)} for f in files]})
+    else:
+        print("\n".join(str(f) for f in files))
+    return 0

@@ -46,6 +46,9 @@ class PciDevice:
     mig_mode_pending: bool | None = None
     virtio: str | None = None  # a virtio-net NIC: its virtio device under the PCI function
     on_pci_bus: bool = True  # False: a GPU the backend reports that sysfs does not list
+    # the device's own top generation (its max_link_speed); ``link_gen_max`` is the link's: the
+    # lower of the device's and its upstream port's (a Gen5 GPU in a Gen4 slot: 4)
+    link_gen_device_max: int | None = None
 
     @property
     def link_degraded(self) -> bool:
@@ -70,7 +73,7 @@ class PciDevice:
 
     def pcie_dict(self) -> dict[str, Any]:
         return {"gen_current": self.link_gen_current, "gen_max": self.link_gen_max,
-                "width_current": self.link_width_current, "width_max": self.link_width_max,
+                "gen_device_max": self.link_gen_device_max, "width_current": self.link_width_current, "width_max": self.link_width_max,
                 "degraded": self.link_degraded, "gen_below_max": self.link_gen_below_max}
 
 

@@ -178,15 +178,37 @@ def _read_device(fs: "HostFS", address: str, kind: str, nodes: tuple[NumaNode, .
         source = "local_cpulist" if numa is not None else "unknown"
     irqs = tuple(sorted(i for i in (uint_or_none(n, max_digits=10) for n in fs.listdir(f"{base}/msi_irqs"))
                         if i is not None))
+    dev_max = parse_link_speed(fs.read_optional(f"{base}/max_link_speed"))
     return PciDevice(
         address=address, kind=kind, vendor=vendor, device=device, pci_class=pci_class,  # type: ignore[arg-type]
         numa_node=numa, numa_source=source, local_cpus=local,
         link_gen_current=parse_link_speed(fs.read_optional(f"{base}/current_link_speed")),
-        link_gen_max=parse_link_speed(fs.read_optional(f"{base}/max_link_speed")),
+        link_gen_max=_link_gen_max(fs, base, dev_max),
+        link_gen_device_max=dev_max,
         link_width_current=parse_link_width(fs.read_optional(f"{base}/current_link_width")),
         link_width_max=parse_link_width(fs.read_optional(f"{base}/max_link_width")),
         irqs=irqs,
     )
+
+
+_BDF = re.compile(r"^[0-9a-f]{4}:[0-9a-f]{2}:[0-9a-f]{2}\.[0-7]$")
+
+
+def _link_gen_max(fs: "HostFS", base: str, dev_max: int | None) -> int | None:
+    """The top generation of the device's link: the lower of what the device and the port above it
+    can do (sysfs ``max_link_speed`` of each). The device's own figure alone would hold a Gen5 GPU
+    in a Gen4 slot to Gen5, a speed its link can never reach. Where the port is not a PCI function
+    (a root bus) or says nothing, the device's figure stands."""
+    if dev_max is None:
+        return None
+    try:
+        parent = fs.realpath(base).rsplit("/", 1)[0]
+    except (HostError, OSError):
+        return dev_max
+    if not _BDF.match(parent.rsplit("/", 1)[-1].lower()):
+        return dev_max
+    port = parse_link_speed(fs.read_optional(f"{parent}/max_link_speed"))
+    return dev_max if port is None else min(dev_max, port)
 
 
 @dataclass

@@ -48,10 +48,16 @@ class NvLink:
 
 @dataclass(frozen=True)
 class Fabric:
-    """``nvmlDeviceGetGpuFabricInfoV``: the NVSwitch fabric's registration of this GPU."""
+    """``nvmlDeviceGetGpuFabricInfoV``: the NVSwitch fabric's registration of this GPU, and (v2 and
+    later) its health: the ``healthMask`` fields that say something is wrong, by name
+    (``degraded_bandwidth``, ``route_recovery_in_progress``, ``route_unhealthy``,
+    ``access_timeout_recovery_in_progress``, ``incorrect_configuration:<why>``), and the v3
+    ``healthSummary`` (``healthy``, ``unhealthy``, ``limited_capacity``; None where not reported)."""
 
     state: str  # not_supported | not_started | in_progress | completed
     status: str = "success"  # success, or the failure's name
+    health: tuple[str, ...] = ()
+    summary: str | None = None
 
 
 @dataclass(frozen=True)
@@ -68,7 +74,10 @@ class GpuInfo:
     mig_mode: bool | None = None
     mig_mode_pending: bool | None = None
     pcie_link_gen_current: int | None = None
+    # the top generation of the link: NVML's nvmlDeviceGetMaxPcieLinkGeneration ("possible with this
+    # device and system"); the GPU's own capability (nvmlDeviceGetGpuMaxPcieLinkGeneration) apart
     pcie_link_gen_max: int | None = None
+    pcie_link_gen_gpu_max: int | None = None
     pcie_link_width_current: int | None = None
     pcie_link_width_max: int | None = None
     ecc_mode: bool | None = None
@@ -95,6 +104,9 @@ class GpuInfo:
     pcie_replay_count: int | None = None  # since the driver loaded
     sm_clock_mhz: int | None = None
     sm_clock_max_mhz: int | None = None
+    # Readings that answered with an error of their own (no permission, unknown, ...): (reading,
+    # "not read: <why>"). The field stays None and only a warning names it (docs/health.md).
+    unread: tuple[tuple[str, str], ...] = ()
     # Set when the GPU answered with an error (e.g. "lost"): the other fields may be None.
     error: str | None = None
     error_kind: str | None = None
@@ -108,6 +120,9 @@ class GpuInfo:
             d["nvlink"] = [asdict(n) for n in self.nvlink]
         if self.nvlink_p2p is not None:
             d["nvlink_p2p"] = dict(self.nvlink_p2p)
+        if self.fabric is not None:
+            d["fabric"]["health"] = list(self.fabric.health)
+        d["unread"] = dict(self.unread)
         d.pop("extra", None)
         return d
 
@@ -125,7 +140,11 @@ class GpuInfo:
         if isinstance(d.get("sram_ecc"), Mapping):
             kw["sram_ecc"] = SramEcc(**_known(SramEcc, d["sram_ecc"]))
         if isinstance(d.get("fabric"), Mapping):
-            kw["fabric"] = Fabric(**_known(Fabric, d["fabric"]))
+            fab = _known(Fabric, d["fabric"])
+            fab["health"] = tuple(str(x) for x in (fab.get("health") or ()))
+            kw["fabric"] = Fabric(**fab)
+        if isinstance(d.get("unread"), Mapping):
+            kw["unread"] = tuple((str(k), str(v)) for k, v in d["unread"].items())
         if d.get("nvlink") is not None:
             kw["nvlink"] = tuple(NvLink(**_known(NvLink, n)) for n in d["nvlink"] if isinstance(n, Mapping))
         if isinstance(d.get("nvlink_p2p"), Mapping):

@@ -37,20 +37,23 @@ _TYPES: dict[str, tuple[type, ...]] = {
     "memory_total_mib": _INT, "memory_used_mib": _INT, "compute_capability": (str,),
     "persistence_mode": (bool,), "ecc_mode": (bool,), "retired_pages_pending": (bool,), "lost": (bool,),
     "mig_mode": (bool,), "mig_mode_pending": (bool,),
-    "pcie_link_gen_current": _INT, "pcie_link_gen_max": _INT, "pcie_link_width_current": _INT,
-    "pcie_link_width_max": _INT, "ecc_uncorrected_volatile": _INT, "temperature_c": _NUM,
+    "pcie_link_gen_current": _INT, "pcie_link_gen_max": _INT, "pcie_link_gen_gpu_max": _INT,
+    "pcie_link_width_current": _INT, "pcie_link_width_max": _INT, "ecc_uncorrected_volatile": _INT, "temperature_c": _NUM,
     "power_w": _NUM, "utilization_percent": _NUM,
     "reset_required": (bool,), "inforom_valid": (bool,), "pcie_replay_count": _INT,
     "sm_clock_mhz": _INT, "sm_clock_max_mhz": _INT,
 }
-RECOVERY_ACTIONS = ("none", "reset", "reboot", "drain_p2p", "drain_and_reset")
+RECOVERY_ACTIONS = ("none", "reset", "reboot", "drain_p2p", "drain_and_reset", "recover_imex_domain", "bus_reset",
+                    "system_reboot")
+FABRIC_SUMMARIES = ("healthy", "unhealthy", "limited_capacity")
 FABRIC_STATES = ("not_supported", "not_started", "in_progress", "completed")
 # The health readings that are objects or lists: key -> {member: types}
 _MEMBERS: dict[str, dict[str, tuple[type, ...]]] = {
     "remapped_rows": {"correctable": _INT, "uncorrectable": _INT, "pending": (bool,), "failure": (bool,)},
     "sram_ecc": {"uncorrected": _INT, "threshold_exceeded": (bool,)},
-    "fabric": {"state": (str,), "status": (str,)},
+    "fabric": {"state": (str,), "status": (str,), "summary": (str,)},
 }
+_REQUIRED_MEMBERS = {"fabric": ("state",)}
 _NVLINK_MEMBERS = {"link": _INT, "active": (bool,), "crc_errors": _INT, "replay_errors": _INT,
                    "recovery_errors": _INT}
 _BUS_ID = re.compile(r"([0-9a-fA-F]{4,8}:)?[0-9a-fA-F]{2}:[0-9a-fA-F]{2}\.[0-7]")
@@ -63,7 +66,7 @@ MAX_MEMORY_MIB = 16 * 1024 * 1024  # 16 TiB
 PID_MAX = 4194304  # the kernel's PID_MAX_LIMIT
 _RANGES: dict[str, tuple[float, float]] = {
     "memory_total_mib": (1, MAX_MEMORY_MIB), "memory_used_mib": (0, MAX_MEMORY_MIB),
-    "pcie_link_gen_current": (1, 7), "pcie_link_gen_max": (1, 7),
+    "pcie_link_gen_current": (1, 7), "pcie_link_gen_max": (1, 7), "pcie_link_gen_gpu_max": (1, 7),
     "ecc_uncorrected_volatile": (0, 2**63 - 1), "temperature_c": (0, 150), "power_w": (0, 10_000),
     "utilization_percent": (0, 100), "pcie_replay_count": (0, 2**63 - 1), "sm_clock_mhz": (0, 100_000),
     "sm_clock_max_mhz": (0, 100_000),
@@ -148,6 +151,9 @@ def _check_health(p: Path, i: int, g: dict[str, Any]) -> None:
             continue
         if not isinstance(v, dict):
             raise InputError(f"{at}.{key}: expected an object with {', '.join(members)}, got {v!r}")
+        for m in _REQUIRED_MEMBERS.get(key, ()):
+            if v.get(m) is None:
+                raise InputError(f"{at}.{key}: missing required key {m!r}")
         for m, val in v.items():
             if m in members and val is not None and not _typed(val, members[m]):
                 raise InputError(f"{at}.{key}.{m}: expected {_want(members[m])}, got {val!r}")
@@ -156,6 +162,16 @@ def _check_health(p: Path, i: int, g: dict[str, Any]) -> None:
     fab = g.get("fabric")
     if isinstance(fab, dict) and fab.get("state") is not None and fab["state"] not in FABRIC_STATES:
         raise InputError(f"{at}.fabric.state: {fab['state']!r} is not one of {', '.join(FABRIC_STATES)}")
+    if isinstance(fab, dict) and fab.get("summary") is not None and fab["summary"] not in FABRIC_SUMMARIES:
+        raise InputError(f"{at}.fabric.summary: {fab['summary']!r} is not one of {', '.join(FABRIC_SUMMARIES)}")
+    health = fab.get("health") if isinstance(fab, dict) else None
+    if health is not None and (not isinstance(health, list) or not all(isinstance(x, str) and x for x in health)):
+        raise InputError(f"{at}.fabric.health: expected a list of fault names (e.g. [\"degraded_bandwidth\"]), "
+                         f"got {health!r}")
+    unread = g.get("unread")
+    if unread is not None and (not isinstance(unread, dict)
+                               or not all(isinstance(k, str) and isinstance(x, str) for k, x in unread.items())):
+        raise InputError(f"{at}.unread: expected an object of reading -> why it was not read, got {unread!r}")
     links = g.get("nvlink")
     if links is not None:
         if not isinstance(links, list):
@@ -188,7 +204,12 @@ def _health(g: dict[str, Any]) -> dict[str, Any]:
         v = g.get(key)
         if isinstance(v, dict):
             names = {f.name for f in fields(cls)}
-            out[key] = cls(**{k: x for k, x in v.items() if k in names})
+            kw = {k: x for k, x in v.items() if k in names}
+            if key == "fabric":
+                kw["health"] = tuple(kw.get("health") or ())
+            out[key] = cls(**kw)
+    if isinstance(g.get("unread"), dict):
+        out["unread"] = tuple(sorted((str(k), f"not read: {x}") for k, x in g["unread"].items()))
     if isinstance(g.get("nvlink"), list):
         names = {f.name for f in fields(NvLink)}
         out["nvlink"] = tuple(NvLink(**{k: x for k, x in link.items() if k in names}) for link in g["nvlink"])

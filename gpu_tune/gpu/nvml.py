@@ -1,8 +1,12 @@
 """The NVML GPU backend: the only module that imports ``pynvml`` (nvidia-ml-py).
 
-Every NVML call that fails is mapped to a value: "not supported" leaves that field ``None``,
-"GPU is lost" / "no permission" / other errors while reading a GPU set ``GpuInfo.error`` and
-``error_kind`` ("lost", "no_permission", "error") for that GPU only; the other GPUs still answer.
+Every NVML call that fails is mapped to a value, for one GPU and one reading
+(:mod:`gpu_tune.gpu.nvml_read`): "not supported" leaves that field ``None``; any other error of one
+reading ("no permission", "unknown", ...) leaves it ``None`` and is kept in ``GpuInfo.unread`` (a
+warning, never a failure of the GPU); only the GPU's own "GPU is lost" / "reset required" answers,
+or a GPU that cannot say who it is, set ``GpuInfo.error`` and ``error_kind`` ("lost",
+"reset_required", "no_permission", "error") for that GPU only; the other GPUs still answer, and a
+pair reading (P2P) that fails because the peer is lost is the peer's.
 
 XID errors: NVML reports them only as events. At start the backend registers every GPU for
 ``nvmlEventTypeXidCriticalError`` in one event set; each :meth:`gpus` call drains the pending
@@ -18,10 +22,11 @@ from __future__ import annotations
 
 import logging
 import os
-from typing import Any, Callable
+from typing import Any
 
 from gpu_tune.gpu.base import GpuError, GpuInfo
 from gpu_tune.gpu.nvml_health import read_health
+from gpu_tune.gpu.nvml_read import GpuGone, Readings, error_kind, error_text
 
 log = logging.getLogger("gpu_tune")
 
@@ -72,30 +77,16 @@ class NvmlBackend:
         self._xids: dict[int, list[int]] = {}
         self._event_set = None
         self._handle_index: dict[Any, int] = {}
-        self._pass_handles: dict[int, Any] = {}
+        self._xid_unread: dict[int, str] = {}  # GPU -> why its XID events are not registered
         self._register_xid_events()
 
     # -- error mapping --------------------------------------------------------------------------
     def _kind(self, exc: Exception) -> str:
-        nv = self.nv
-        mapping = (
-            ("NVMLError_GPUIsLost", "lost"),
-            ("NVMLError_NotSupported", "not_supported"),
-            ("NVMLError_NoPermission", "no_permission"),
-            ("NVMLError_NotFound", "not_found"),
-            ("NVMLError_InvalidArgument", "not_found"),
-            ("NVMLError_ResetRequired", "reset_required"),
-            ("NVMLError_FunctionNotFound", "not_supported"),
-        )
-        for cls_name, kind in mapping:
-            cls = getattr(nv, cls_name, None)
-            if cls is not None and isinstance(exc, cls):
-                return kind
-        return "error"
+        return error_kind(exc)
 
     def _gpu_error(self, index: int, what: str, exc: Exception) -> GpuError:
         kind = self._kind(exc)
-        return GpuError(f"GPU {index}: {what}: {exc}", kind)
+        return GpuError(f"GPU {index}: {what}: {error_text(exc)}", kind)
 
     def _handle(self, index: int):
         try:
@@ -103,24 +94,21 @@ class NvmlBackend:
         except self.nv.NVMLError as exc:
             raise self._gpu_error(index, "no handle", exc) from None
 
-    def _opt(self, fn: Callable[[], Any]) -> Any:
-        """A field read: None when not supported; lost/permission/other errors propagate."""
-        try:
-            return fn()
-        except self.nv.NVMLError as exc:
-            if self._kind(exc) == "not_supported":
-                return None
-            raise
-
     # -- events ---------------------------------------------------------------------------------
     def _register_xid_events(self) -> None:
         nv = self.nv
         try:
             count = nv.nvmlDeviceGetCount()
+        except nv.NVMLError as exc:
+            log.debug("nvmlDeviceGetCount failed: %s", error_text(exc))
+            return
+        try:
             self._event_set = nv.nvmlEventSetCreate()
         except nv.NVMLError as exc:
-            log.debug("NVML event set unavailable: %s", exc)
+            log.debug("NVML event set unavailable: %s", error_text(exc))
             self._event_set = None
+            if self._kind(exc) != "not_supported":
+                self._xid_unread = {i: f"NVML events: {error_text(exc)}" for i in range(count)}
             return
         for i in range(count):
             try:
@@ -128,7 +116,10 @@ class NvmlBackend:
                 nv.nvmlDeviceRegisterEvents(h, nv.nvmlEventTypeXidCriticalError, self._event_set)
                 self._handle_index[_key(h)] = i
             except nv.NVMLError as exc:
-                log.debug("GPU %d: XID events not registered: %s", i, exc)
+                # NOT_SUPPORTED: this platform has no XID events (the kernel log still has them)
+                log.debug("GPU %d: XID events not registered: %s", i, error_text(exc))
+                if self._kind(exc) not in ("not_supported", "lost", "reset_required"):
+                    self._xid_unread[i] = f"NVML events: {error_text(exc)}"
 
     def _drain_xids(self) -> None:
         if self._event_set is None:
@@ -163,126 +154,131 @@ class NvmlBackend:
         return f"{v // 1000}.{(v % 1000) // 10}"
 
     def gpus(self) -> list[GpuInfo]:
+        """Every GPU: first who each is (handle, UUID, name, bus id), then each one's readings. A
+        GPU that cannot say who it is, is lost or needs a reset is recorded alone; the others, and
+        every pair reading (P2P) with a peer that answered, are read as usual."""
         nv = self.nv
         try:
             count = nv.nvmlDeviceGetCount()
         except nv.NVMLError as exc:
-            log.warning("nvmlDeviceGetCount failed: %s", exc)
+            log.warning("nvmlDeviceGetCount failed: %s", error_text(exc))
             return []
         self._drain_xids()
-        self._pass_handles = self._handles_by_index()  # the peers for NVLink P2P, once per call
-        try:
-            return [self._info(i) for i in range(count)]
-        finally:
-            self._pass_handles = {}
+        ids: dict[int, tuple[Any, str, str, str] | GpuInfo] = {i: self._identity(i) for i in range(count)}
+        peers = {i: (v[0], v[3]) for i, v in ids.items() if isinstance(v, tuple)}
+        return [v if isinstance(v, GpuInfo) else self._info(i, *v, peers) for i, v in ids.items()]
 
-    def _info(self, index: int) -> GpuInfo:
+    def _identity(self, index: int) -> tuple[Any, str, str, str] | GpuInfo:
+        """(handle, UUID, name, bus id), or the GPU's record when it cannot say who it is. Each
+        of UUID, name and bus id is asked even after another failed: a lost GPU may still name
+        its bus id, which is what an operator needs to find it."""
         nv = self.nv
         try:
             h = nv.nvmlDeviceGetHandleByIndex(index)
-            uuid = _text(nv.nvmlDeviceGetUUID(h))
-            name = _text(nv.nvmlDeviceGetName(h))
-            pci = nv.nvmlDeviceGetPciInfo(h)
-            bus_id = _norm(_text(getattr(pci, "busId", None) or getattr(pci, "busIdLegacy", "")))
         except nv.NVMLError as exc:
-            kind = self._kind(exc)
-            return GpuInfo(index=index, uuid="", name="", pci_bus_id="",
-                           error=f"GPU {index}: {exc}", error_kind=kind)
+            return self._unidentified(index, exc, "", "", "")
+        got: dict[str, str] = {}
+        first: Exception | None = None
+        for key, call in (("uuid", nv.nvmlDeviceGetUUID), ("name", nv.nvmlDeviceGetName),
+                          ("bus", nv.nvmlDeviceGetPciInfo)):
+            try:
+                v = call(h)
+                got[key] = (_norm(_text(getattr(v, "busId", None) or getattr(v, "busIdLegacy", "")))
+                            if key == "bus" else _text(v))
+            except nv.NVMLError as exc:
+                first = first or exc
+        if first is not None:
+            return self._unidentified(index, first, got.get("uuid", ""), got.get("name", ""), got.get("bus", ""))
+        return h, got["uuid"], got["name"], got["bus"]
+
+    def _unidentified(self, index: int, exc: Exception, uuid: str, name: str, bus: str) -> GpuInfo:
+        kind = self._kind(exc)
+        return GpuInfo(index=index, uuid=uuid, name=name, pci_bus_id=bus, error=error_text(exc), error_kind=kind,
+                       reset_required=True if kind == "reset_required" else None,
+                       xid_events=tuple(self._xids.get(index, ())))
+
+    def _info(self, index: int, h: Any, uuid: str, name: str, bus_id: str,
+              peers: dict[int, tuple[Any, str]]) -> GpuInfo:
+        r = Readings(self.nv)
         try:
-            return self._fill(index, h, uuid, name, bus_id)
-        except nv.NVMLError as exc:
-            kind = self._kind(exc)
+            return self._fill(r, index, h, uuid, name, bus_id, peers)
+        except GpuGone as gone:
             return GpuInfo(index=index, uuid=uuid, name=name, pci_bus_id=bus_id,
-                           error=f"GPU {index}: {exc}", error_kind=kind,
-                           reset_required=True if kind == "reset_required" else None,
+                           error=f"{gone.text}, reading {gone.reading}", error_kind=gone.kind,
+                           reset_required=True if gone.kind == "reset_required" else None,
                            xid_events=tuple(self._xids.get(index, ())))
 
-    def _fill(self, index: int, h: Any, uuid: str, name: str, bus_id: str) -> GpuInfo:
+    def _fill(self, r: Readings, index: int, h: Any, uuid: str, name: str, bus_id: str,
+              peers: dict[int, tuple[Any, str]]) -> GpuInfo:
         nv = self.nv
-        opt = self._opt
-        mem = opt(lambda: nv.nvmlDeviceGetMemoryInfo(h))
-        cc = opt(lambda: nv.nvmlDeviceGetCudaComputeCapability(h))
-        pm = opt(lambda: nv.nvmlDeviceGetPersistenceMode(h))
-        mig = self._mig_mode(h)
-        ecc = opt(lambda: nv.nvmlDeviceGetEccMode(h))
+        mem = r.call("memory", "nvmlDeviceGetMemoryInfo", h)
+        cc = r.call("compute_capability", "nvmlDeviceGetCudaComputeCapability", h)
+        pm = r.call("persistence_mode", "nvmlDeviceGetPersistenceMode", h)
+        mig = self._mig_mode(r, h)
+        ecc = r.call("ecc_mode", "nvmlDeviceGetEccMode", h)
         ecc_on = None if ecc is None else bool(ecc[0] == nv.NVML_FEATURE_ENABLED)
         ecc_unc = None
         if ecc_on:
-            ecc_unc = opt(lambda: int(nv.nvmlDeviceGetTotalEccErrors(
-                h, nv.NVML_MEMORY_ERROR_TYPE_UNCORRECTED, nv.NVML_VOLATILE_ECC)))
+            ecc_unc = r.call("ecc_uncorrected_volatile", "nvmlDeviceGetTotalEccErrors", h,
+                             nv.NVML_MEMORY_ERROR_TYPE_UNCORRECTED, nv.NVML_VOLATILE_ECC)
         pending = None
-        retired = opt(lambda: nv.nvmlDeviceGetRetiredPagesPendingStatus(h))
+        retired = r.call("retired_pages_pending", "nvmlDeviceGetRetiredPagesPendingStatus", h)
         if retired is not None:
             pending = bool(retired == nv.NVML_FEATURE_ENABLED)
-        remap = opt(lambda: nv.nvmlDeviceGetRemappedRows(h))
-        if remap is not None:
-            pending = bool(pending) or bool(remap[2])
-        temp = opt(lambda: nv.nvmlDeviceGetTemperature(h, nv.NVML_TEMPERATURE_GPU))
-        power = opt(lambda: nv.nvmlDeviceGetPowerUsage(h))
-        util = opt(lambda: nv.nvmlDeviceGetUtilizationRates(h))
-        reasons = opt(lambda: self._throttle_mask(h))
+        temp = r.call("temperature", "nvmlDeviceGetTemperature", h, nv.NVML_TEMPERATURE_GPU)
+        power = r.call("power", "nvmlDeviceGetPowerUsage", h)
+        util = r.call("utilization", "nvmlDeviceGetUtilizationRates", h)
+        reasons = self._throttle_mask(r, h)
+        if index in self._xid_unread:
+            r.note("xid_events", self._xid_unread[index])
+        health = read_health(nv, r, h, index, peers, mig_enabled=bool(mig and mig[0]))
+        if health["remapped_rows"] is not None:
+            pending = bool(pending) or bool(health["remapped_rows"].pending)
         return GpuInfo(
             index=index, uuid=uuid, name=name, pci_bus_id=bus_id,
             memory_total_mib=None if mem is None else int(mem.total) // (1024 * 1024),
             compute_capability=None if cc is None else f"{cc[0]}.{cc[1]}",
             persistence_mode=None if pm is None else bool(pm == nv.NVML_FEATURE_ENABLED),
             mig_mode=None if mig is None else mig[0], mig_mode_pending=None if mig is None else mig[1],
-            pcie_link_gen_current=opt(lambda: int(nv.nvmlDeviceGetCurrPcieLinkGeneration(h))),
-            pcie_link_gen_max=opt(lambda: int(nv.nvmlDeviceGetMaxPcieLinkGeneration(h))),
-            pcie_link_width_current=opt(lambda: int(nv.nvmlDeviceGetCurrPcieLinkWidth(h))),
-            pcie_link_width_max=opt(lambda: int(nv.nvmlDeviceGetMaxPcieLinkWidth(h))),
-            ecc_mode=ecc_on, ecc_uncorrected_volatile=ecc_unc, retired_pages_pending=pending,
+            pcie_link_gen_current=_int(r.call("pcie_link", "nvmlDeviceGetCurrPcieLinkGeneration", h)),
+            pcie_link_gen_max=_int(r.call("pcie_link", "nvmlDeviceGetMaxPcieLinkGeneration", h)),
+            pcie_link_gen_gpu_max=_int(r.call("pcie_link", "nvmlDeviceGetGpuMaxPcieLinkGeneration", h)),
+            pcie_link_width_current=_int(r.call("pcie_link", "nvmlDeviceGetCurrPcieLinkWidth", h)),
+            pcie_link_width_max=_int(r.call("pcie_link", "nvmlDeviceGetMaxPcieLinkWidth", h)),
+            ecc_mode=ecc_on, ecc_uncorrected_volatile=_int(ecc_unc), retired_pages_pending=pending,
             temperature_c=None if temp is None else float(temp),
             power_w=None if power is None else round(power / 1000.0, 3),
             utilization_percent=None if util is None else float(util.gpu),
             memory_used_mib=None if mem is None else int(mem.used) // (1024 * 1024),
             clock_throttle_reasons=() if reasons is None else throttle_names(int(reasons)),
             xid_events=tuple(self._xids.get(index, ())),
-            **read_health(nv, h, index, self._pass_handles, opt),
+            unread=tuple(sorted(r.unread.items())),
+            **health,
         )
 
-    def _handles_by_index(self) -> dict[int, Any]:
-        nv = self.nv
-        out = {}
-        try:
-            count = nv.nvmlDeviceGetCount()
-        except nv.NVMLError:
-            return out
-        for i in range(count):
-            try:
-                out[i] = nv.nvmlDeviceGetHandleByIndex(i)
-            except nv.NVMLError:
-                continue
-        return out
-
-    def _mig_mode(self, h: Any) -> tuple[bool, bool] | None:
+    def _mig_mode(self, r: Readings, h: Any) -> tuple[bool, bool] | None:
         """(current, pending) MIG mode; None where the GPU has no MIG ("not supported") or the
-        bindings predate nvmlDeviceGetMigMode."""
-        nv = self.nv
-        fn = getattr(nv, "nvmlDeviceGetMigMode", None)
-        if fn is None:
+        binding predates nvmlDeviceGetMigMode."""
+        got = r.call("mig_mode", "nvmlDeviceGetMigMode", h)
+        if got is None:
             return None
-        enabled = getattr(nv, "NVML_DEVICE_MIG_ENABLE", 1)
-        try:
-            current, pending = fn(h)
-        except nv.NVMLError as exc:
-            if self._kind(exc) == "not_supported" or isinstance(exc, getattr(nv, "NVMLError_FunctionNotFound", ())):
-                return None
-            raise
+        enabled = getattr(self.nv, "NVML_DEVICE_MIG_ENABLE", 1)
+        current, pending = got
         # older bindings returned the ctypes values themselves
         current, pending = getattr(current, "value", current), getattr(pending, "value", pending)
         return bool(current == enabled), bool(pending == enabled)
 
-    def _throttle_mask(self, h: Any) -> int:
+    def _throttle_mask(self, r: Readings, h: Any) -> int | None:
+        """nvmlDeviceGetCurrentClocksEventReasons, or its older name where the driver lacks it."""
         nv = self.nv
         fn = getattr(nv, "nvmlDeviceGetCurrentClocksEventReasons", None)
         if fn is not None:
             try:
                 return int(fn(h))
             except nv.NVMLError as exc:
-                if self._kind(exc) != "not_supported" and not isinstance(exc, getattr(nv, "NVMLError_FunctionNotFound", ())):
-                    raise
-        return int(nv.nvmlDeviceGetCurrentClocksThrottleReasons(h))
+                if self._kind(exc) != "not_supported":
+                    return r.failed("clock_event_reasons", exc)
+        return _int(r.call("clock_event_reasons", "nvmlDeviceGetCurrentClocksThrottleReasons", h))
 
     def set_persistence_mode(self, index: int, enabled: bool) -> None:
         nv = self.nv
@@ -291,7 +287,7 @@ class NvmlBackend:
         try:
             nv.nvmlDeviceSetPersistenceMode(h, mode)
         except nv.NVMLError as exc:
-            hint = " (needs root)" if self._kind(exc) == "no_permission" else ""
+            hint = " (needs root: nvml.h)" if self._kind(exc) == "no_permission" else ""
             raise self._gpu_error(index, f"set persistence mode {'on' if enabled else 'off'}{hint}", exc) from None
 
     def processes(self, index: int) -> list[int]:
@@ -336,6 +332,10 @@ class NvmlBackend:
             nv.nvmlShutdown()
         except nv.NVMLError:
             pass
+
+
+def _int(v: Any) -> int | None:
+    return None if v is None else int(v)
 
 
 def _key(handle: Any) -> Any:

@@ -1,41 +1,58 @@
 """The NVML health readings of one GPU (docs/health.md), for :mod:`gpu_tune.gpu.nvml`.
 
 ``nv`` is the ``pynvml`` module the NVML backend imported (this module imports nothing of
-NVML's itself). Every reading is optional: a call the GPU or the driver does not support
-(``NotSupported``, ``FunctionNotFound``, an older nvidia-ml-py without the function) leaves its
-field ``None``, never "healthy". ``NVMLError_ResetRequired`` and a lost GPU raise to the caller,
-which records them for the whole GPU.
+NVML's itself). Every reading goes through :class:`~gpu_tune.gpu.nvml_read.Readings` and fails
+alone: a call the GPU or the driver does not support leaves its field ``None``, never "healthy";
+any other error is that reading's ("not read: <why>", a warning); only the GPU's own "lost" and
+"reset required" answers end the GPU's reading.
 """
 
 from __future__ import annotations
 
 import ctypes
-from typing import Any, Callable
+from typing import Any
 
 from gpu_tune.gpu.base import Fabric, NvLink, RemappedRows, SramEcc
+from gpu_tune.gpu.nvml_read import GPU_STATES, Readings, error_kind, error_text  # noqa: F401
 
 # NVML_FI_DEV_GET_GPU_RECOVERY_ACTION's values (nvml.h nvmlDeviceGpuRecoveryAction_t)
 RECOVERY_ACTIONS = {0: "none", 1: "reset", 2: "reboot", 3: "drain_p2p", 4: "drain_and_reset",
-                    5: "recover_imex_domain", 6: "reset", 7: "reboot"}
+                    5: "recover_imex_domain", 6: "bus_reset", 7: "system_reboot"}
 FIELD_RECOVERY_ACTION = 230
 FABRIC_STATES = {0: "not_supported", 1: "not_started", 2: "in_progress", 3: "completed"}
+FABRIC_SUMMARIES = {1: "healthy", 2: "unhealthy", 3: "limited_capacity"}
+# nvml.h NVML_GPU_FABRIC_HEALTH_MASK_*: (name, shift, width, the values that are faults)
+FABRIC_HEALTH = (
+    ("degraded_bandwidth", 0, 0x3, {1: ""}),
+    ("route_recovery_in_progress", 2, 0x3, {1: ""}),
+    ("route_unhealthy", 4, 0x3, {1: ""}),
+    ("access_timeout_recovery_in_progress", 6, 0x3, {1: ""}),
+    ("incorrect_configuration", 8, 0xF, {2: "incorrect_sysguid", 3: "incorrect_chassis_sn", 4: "no_partition",
+                                         5: "insufficient_nvlinks", 6: "incompatible_gpu_fw",
+                                         7: "invalid_location", 8: "gpu_state_invalid"}),
+)
 MAX_LINKS = 18  # NVLink links per GPU up to Blackwell (H100 SXM: 18)
+# nvmlValueType_t -> the c_nvmlValue_t member that holds it
+VALUE_MEMBERS = {0: "dVal", 1: "uiVal", 2: "ulVal", 3: "ullVal", 4: "sllVal", 5: "siVal", 6: "usVal"}
 
 
-def read_health(nv: Any, h: Any, index: int, peers: dict[int, Any], opt: Callable[[Callable[[], Any]], Any]) -> dict[str, Any]:
-    """The health fields of :class:`~gpu_tune.gpu.base.GpuInfo` for the GPU behind ``h``."""
-    links = _nvlink(nv, h, opt)
+def read_health(nv: Any, r: Readings, h: Any, index: int, peers: dict[int, tuple[Any, str]],
+                mig_enabled: bool = False) -> dict[str, Any]:
+    """The health fields of :class:`~gpu_tune.gpu.base.GpuInfo` for the GPU behind ``h``.
+    ``peers``: the other GPUs that said who they are this pass (index -> (handle, bus id))."""
+    links = _nvlink(nv, r, h)
+    up = bool(links) and any(link.active for link in links)
     out: dict[str, Any] = {
-        "recovery_action": _recovery_action(nv, h, opt),
-        "inforom_valid": _inforom(nv, h),
-        "remapped_rows": _remapped_rows(nv, h, opt),
-        "sram_ecc": _sram(nv, h, opt),
+        "recovery_action": _recovery_action(nv, r, h),
+        "inforom_valid": _inforom(nv, r, h),
+        "remapped_rows": _remapped_rows(r, h),
+        "sram_ecc": _sram(nv, r, h),
         "nvlink": links,
-        "nvlink_p2p": _p2p(nv, h, index, peers) if links and any(link.active for link in links) else None,
-        "fabric": _fabric(nv, h, opt),
-        "pcie_replay_count": _call(nv, opt, "nvmlDeviceGetPcieReplayCounter", h),
-        "sm_clock_mhz": _call(nv, opt, "nvmlDeviceGetClockInfo", h, getattr(nv, "NVML_CLOCK_SM", 1)),
-        "sm_clock_max_mhz": _call(nv, opt, "nvmlDeviceGetMaxClockInfo", h, getattr(nv, "NVML_CLOCK_SM", 1)),
+        "nvlink_p2p": _p2p(nv, r, h, index, peers) if up and not mig_enabled else None,
+        "fabric": _fabric(nv, r, h),
+        "pcie_replay_count": r.call("pcie_replay_count", "nvmlDeviceGetPcieReplayCounter", h),
+        "sm_clock_mhz": r.call("sm_clock", "nvmlDeviceGetClockInfo", h, getattr(nv, "NVML_CLOCK_SM", 1)),
+        "sm_clock_max_mhz": r.call("sm_clock", "nvmlDeviceGetMaxClockInfo", h, getattr(nv, "NVML_CLOCK_SM", 1)),
         "reset_required": False,
     }
     for key in ("pcie_replay_count", "sm_clock_mhz", "sm_clock_max_mhz"):
@@ -44,27 +61,33 @@ def read_health(nv: Any, h: Any, index: int, peers: dict[int, Any], opt: Callabl
     return out
 
 
-def _call(nv: Any, opt: Callable[[Callable[[], Any]], Any], name: str, *args: Any) -> Any:
-    fn = getattr(nv, name, None)
-    if fn is None:
+def field_value(v: Any) -> int | float | None:
+    """The number one ``c_nvmlFieldValue_t`` carries, by its ``valueType``."""
+    member = VALUE_MEMBERS.get(int(getattr(v, "valueType", 1)))
+    if member is None:
         return None
-    return opt(lambda: fn(*args))
+    got = getattr(getattr(v, "value", None), member, None)
+    return got if isinstance(got, (int, float)) else None
 
 
-def _recovery_action(nv: Any, h: Any, opt: Callable[[Callable[[], Any]], Any]) -> str | None:
+def _recovery_action(nv: Any, r: Readings, h: Any) -> str | None:
     field = getattr(nv, "NVML_FI_DEV_GET_GPU_RECOVERY_ACTION", FIELD_RECOVERY_ACTION)
-    values = _call(nv, opt, "nvmlDeviceGetFieldValues", h, [field])
+    values = r.call("recovery_action", "nvmlDeviceGetFieldValues", h, [field])
     if not values:
         return None
     v = values[0]
-    if int(getattr(v, "nvmlReturn", 0)) != 0:  # this driver does not know the field
+    ret = int(getattr(v, "nvmlReturn", 0))
+    if ret != 0:  # the field's own answer: NOT_SUPPORTED from a driver that does not know it
+        r.failed("recovery_action", nv.NVMLError(ret))
         return None
-    raw = getattr(v, "value", None)
-    code = int(getattr(raw, "uiVal", raw if isinstance(raw, int) else 0))
-    return RECOVERY_ACTIONS.get(code, f"unknown_{code}")
+    code = field_value(v)
+    if code is None:
+        r.note("recovery_action", f"value type {int(getattr(v, 'valueType', -1))} is not a number")
+        return None
+    return RECOVERY_ACTIONS.get(int(code), f"unknown_{int(code)}")
 
 
-def _inforom(nv: Any, h: Any) -> bool | None:
+def _inforom(nv: Any, r: Readings, h: Any) -> bool | None:
     fn = getattr(nv, "nvmlDeviceValidateInforom", None)
     if fn is None:
         return None
@@ -72,38 +95,38 @@ def _inforom(nv: Any, h: Any) -> bool | None:
         fn(h)
         return True
     except nv.NVMLError as exc:
-        corrupted = getattr(nv, "NVMLError_CorruptedInforom", None)
-        if corrupted is not None and isinstance(exc, corrupted):
+        if error_kind(exc) == "corrupted_inforom":
             return False
-        if _unsupported(nv, exc):
-            return None
-        raise
+        return r.failed("inforom", exc)
 
 
-def _remapped_rows(nv: Any, h: Any, opt: Callable[[Callable[[], Any]], Any]) -> RemappedRows | None:
-    got = _call(nv, opt, "nvmlDeviceGetRemappedRows", h)
+def _remapped_rows(r: Readings, h: Any) -> RemappedRows | None:
+    got = r.call("remapped_rows", "nvmlDeviceGetRemappedRows", h)
     if got is None:
         return None
     corr, unc, pending, failure = (int(x) for x in tuple(got)[:4])
     return RemappedRows(correctable=corr, uncorrectable=unc, pending=bool(pending), failure=bool(failure))
 
 
-def _sram(nv: Any, h: Any, opt: Callable[[Callable[[], Any]], Any]) -> SramEcc | None:
+def _sram(nv: Any, r: Readings, h: Any) -> SramEcc | None:
     cls = getattr(nv, "c_nvmlEccSramErrorStatus_v1_t", None)
     if cls is not None and getattr(nv, "nvmlDeviceGetSramEccErrorStatus", None) is not None:
-        status = cls()  # filled through a pointer: nvidia-ml-py passes the argument on as it is
-        if opt(lambda: nv.nvmlDeviceGetSramEccErrorStatus(h, ctypes.byref(status))) is not None:
+        status = cls()  # the binding's own constructor sets ``version``
+        # filled through a pointer: nvidia-ml-py passes the argument on as it is
+        if r.call("sram_ecc", "nvmlDeviceGetSramEccErrorStatus", h, ctypes.byref(status)) is not None:
             unc = int(status.volatileUncParity) + int(status.volatileUncSecDed)
             return SramEcc(uncorrected=unc, threshold_exceeded=bool(status.bThresholdExceeded))
+        if "sram_ecc" in r.unread:
+            return None  # it answered (no permission, ...): the older counter would not say more
     loc = getattr(nv, "NVML_MEMORY_LOCATION_SRAM", None)
     if loc is None:
         return None
-    unc = _call(nv, opt, "nvmlDeviceGetMemoryErrorCounter", h, nv.NVML_MEMORY_ERROR_TYPE_UNCORRECTED,
-                nv.NVML_VOLATILE_ECC, loc)
+    unc = r.call("sram_ecc", "nvmlDeviceGetMemoryErrorCounter", h, nv.NVML_MEMORY_ERROR_TYPE_UNCORRECTED,
+                 nv.NVML_VOLATILE_ECC, loc)
     return None if unc is None else SramEcc(uncorrected=int(unc), threshold_exceeded=None)
 
 
-def _nvlink(nv: Any, h: Any, opt: Callable[[Callable[[], Any]], Any]) -> tuple[NvLink, ...] | None:
+def _nvlink(nv: Any, r: Readings, h: Any) -> tuple[NvLink, ...] | None:
     state_fn = getattr(nv, "nvmlDeviceGetNvLinkState", None)
     if state_fn is None:
         return None
@@ -112,74 +135,102 @@ def _nvlink(nv: Any, h: Any, opt: Callable[[Callable[[], Any]], Any]) -> tuple[N
                 ("recovery_errors", getattr(nv, "NVML_NVLINK_ERROR_DL_RECOVERY", 1)),
                 ("crc_errors", getattr(nv, "NVML_NVLINK_ERROR_DL_CRC_FLIT", 2)))
     links = []
+    unread = []
     for link in range(min(int(getattr(nv, "NVML_NVLINK_MAX_LINKS", MAX_LINKS)), MAX_LINKS)):
         try:
             state = state_fn(h, link)
         except nv.NVMLError as exc:
-            if _unsupported(nv, exc) or _invalid(nv, exc):
+            kind = error_kind(exc)
+            if kind in ("not_supported", "invalid_argument"):
                 continue  # this GPU has no such link (or no NVLink at all)
-            raise
+            if kind in GPU_STATES:
+                r.failed("nvlink", exc)  # raises: the GPU's own state
+            unread.append((link, error_text(exc)))
+            continue
         active = bool(state == enabled)
         errs: dict[str, int | None] = {}
         for key, counter in counters:
-            v = _call(nv, opt, "nvmlDeviceGetNvLinkErrorCounter", h, link, counter) if active else None
+            # metrics only: one counter that does not answer is that counter's, never the link's
+            v = r.call("nvlink_error_counters", "nvmlDeviceGetNvLinkErrorCounter", h, link, counter) if active else None
             errs[key] = None if v is None else int(v)
         links.append(NvLink(link=link, active=active, **errs))
+    if unread:
+        first = unread[0][1]
+        r.note("nvlink", f"state of link(s) {', '.join(str(n) for n, _ in unread)}: {first}")
+        return None  # a partial list would read as links down
     return tuple(links) or None
 
 
-def _p2p(nv: Any, h: Any, index: int, peers: dict[int, Any]) -> tuple[tuple[str, bool], ...] | None:
-    from gpu_tune.host.parse import normalize_bus_id
-
+def _p2p(nv: Any, r: Readings, h: Any, index: int, peers: dict[int, tuple[Any, str]]) -> tuple[tuple[str, bool], ...] | None:
     fn = getattr(nv, "nvmlDeviceGetP2PStatus", None)
     if fn is None:
         return None
     cap = getattr(nv, "NVML_P2P_CAPS_INDEX_NVLINK", 2)
     ok = getattr(nv, "NVML_P2P_STATUS_OK", 0)
+    unknown = getattr(nv, "NVML_P2P_STATUS_UNKNOWN", 6)
     out = []
-    for j, peer in sorted(peers.items()):
+    failed = []
+    for j, (peer, bus) in sorted(peers.items()):
         if j == index:
             continue
         try:
-            bus = getattr(nv.nvmlDeviceGetPciInfo(peer), "busId", b"")
-            bus = bus.decode() if isinstance(bus, bytes) else str(bus)
             status = fn(h, peer, cap)
         except nv.NVMLError as exc:
-            if _unsupported(nv, exc):
+            kind = error_kind(exc)
+            if kind == "not_supported":
                 continue
-            raise
-        out.append((normalize_bus_id(bus), bool(status == ok)))
+            # lost / reset required on a pair is never this GPU's state: the GPU whose state it is
+            # says so in its own readings (a peer's in its row); here it is one pair not read
+            failed.append(f"{bus}: {error_text(exc)}")
+            continue
+        if status == unknown:
+            failed.append(f"{bus}: NVML_P2P_STATUS_UNKNOWN")
+            continue
+        out.append((bus, bool(status == ok)))
+    if failed:
+        r.note("nvlink_p2p", "; ".join(failed[:3]) + (f"; and {len(failed) - 3} more" if len(failed) > 3 else ""))
     return tuple(out) or None
 
 
-def _fabric(nv: Any, h: Any, opt: Callable[[Callable[[], Any]], Any]) -> Fabric | None:
-    for fn_name, cls_name in (("nvmlDeviceGetGpuFabricInfoV", "c_nvmlGpuFabricInfoV_t"),
+def fabric_health(mask: int) -> tuple[str, ...]:
+    """The faults one ``healthMask`` names (nvml.h NVML_GPU_FABRIC_HEALTH_MASK_*)."""
+    out = []
+    for name, shift, width, faults in FABRIC_HEALTH:
+        v = (int(mask) >> shift) & width
+        if v in faults:
+            out.append(f"{name}:{faults[v]}" if faults[v] else name)
+    return tuple(out)
+
+
+def _fabric(nv: Any, r: Readings, h: Any) -> Fabric | None:
+    """``nvmlDeviceGetGpuFabricInfoV`` with the newest struct the binding and the driver share
+    (v3: health mask and summary; v2: health mask), else the older ``nvmlDeviceGetGpuFabricInfo``
+    (state and status only)."""
+    for fn_name, cls_name in (("nvmlDeviceGetGpuFabricInfoV", "c_nvmlGpuFabricInfo_v3_t"),
+                              ("nvmlDeviceGetGpuFabricInfoV", "c_nvmlGpuFabricInfo_v2_t"),
                               ("nvmlDeviceGetGpuFabricInfo", "c_nvmlGpuFabricInfo_t")):
         fn, cls = getattr(nv, fn_name, None), getattr(nv, cls_name, None)
         if fn is None or cls is None:
             continue
-        info = cls()
-        if opt(lambda: fn(h, ctypes.byref(info))) is None:
-            continue
+        info = cls()  # the binding's constructor sets ``version`` where the struct has one
+        try:
+            fn(h, ctypes.byref(info))
+        except nv.NVMLError as exc:
+            if error_kind(exc) == "not_supported":  # no such call or struct version here: an older one
+                continue
+            return r.failed("fabric", exc)
         state = FABRIC_STATES.get(int(info.state), f"unknown_{int(info.state)}")
         if state == "not_supported":
             return None  # not part of an NVSwitch fabric
         code = int(info.status)
         status = "success" if code == 0 else _error_name(nv, code)
-        return Fabric(state=state, status=status)
+        names = {f[0] for f in getattr(info, "_fields_", ())}
+        health = fabric_health(int(info.healthMask)) if "healthMask" in names else ()
+        summary = FABRIC_SUMMARIES.get(int(info.healthSummary)) if "healthSummary" in names else None
+        return Fabric(state=state, status=status, health=health, summary=summary)
     return None
 
 
 def _error_name(nv: Any, code: int) -> str:
     text = getattr(getattr(nv, "NVMLError", None), "_errcode_to_string", {}).get(code)
     return (text or f"NVML error {code}").lower().replace(" ", "_")
-
-
-def _unsupported(nv: Any, exc: Exception) -> bool:
-    return any(isinstance(exc, c) for c in (getattr(nv, "NVMLError_NotSupported", ()),
-                                             getattr(nv, "NVMLError_FunctionNotFound", ())) if c)
-
-
-def _invalid(nv: Any, exc: Exception) -> bool:
-    cls = getattr(nv, "NVMLError_InvalidArgument", None)
-    return cls is not None and isinstance(exc, cls)

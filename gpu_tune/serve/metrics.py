@@ -217,7 +217,9 @@ def gpu_rows(snapshot: "Snapshot") -> list[dict[str, Any]]:
             },
             "numa_node": numa,
             "gen_current": pick("gen_current", "pcie_link_gen_current"),
-            "gen_max": pick("gen_max", "pcie_link_gen_max"),
+            # the link's top generation as gpu.pcie judges it: NVML's (device and system) first
+            "gen_max": _num(info.get("pcie_link_gen_max")) if _num(info.get("pcie_link_gen_max")) is not None
+            else _num(pcie.get("gen_max")),
             "width_current": pick("width_current", "pcie_link_width_current"),
             "width_max": pick("width_max", "pcie_link_width_max"),
         })

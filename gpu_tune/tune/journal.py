@@ -21,7 +21,7 @@ from typing import Any, Iterable, Iterator
 
 from gpu_tune.errors import HostError, InputError, LockBusy
 from gpu_tune.host.fs import HostFS, NotAFile
-from gpu_tune.tune.knobs.base import clean_path
+from gpu_tune.tune.paths import clean_path
 
 STATE_DIR = "/var/lib/gpu-tune"
 JOURNAL = f"{STATE_DIR}/journal.json"

@@ -207,8 +207,8 @@ def _include_path(path: Path, name: str, policy_dir: Path) -> Path:
     """Where ``include: name`` is read from: the policy folder, else the shipped profiles (so a
     profile written for one node, in a folder of its own, can include ``training.yaml``), as tuned
     looks in /etc/tuned before /usr/lib/tuned."""
-    for folder in (policy_dir, shipped_policy_dir()):
-        candidate = folder / name
+    for folder in (policy_dir, None):  # the shipped folder is resolved (a realpath) only when it is needed
+        candidate = (folder or shipped_policy_dir()) / name
         try:
             if candidate.exists():
                 return candidate

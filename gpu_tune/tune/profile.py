@@ -13,6 +13,7 @@ from typing import Any, Literal
 from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
 
 from gpu_tune.host.parse import ParseError, parse_cpulist
+from gpu_tune.tune.paths import ALLOCATOR_WRITES, ENV_DIR, LD_SO_PRELOAD, clean_path, path_matches
 
 NAME_RE = re.compile(r"[a-z0-9][a-z0-9_-]{0,62}")
 # Patterns are matched whole (``fullmatch``): ``$`` would let a trailing newline through.
@@ -221,12 +222,9 @@ class AllocatorPolicy(_Strict):
     @field_validator("env_file")
     @classmethod
     def _abs(cls, v: str) -> str:
-        from gpu_tune.tune.knobs.allocator import ENV_DIR, AllocatorKnob
-        from gpu_tune.tune.knobs.base import clean_path
-
         if not clean_path(v) or "\n" in v:
             raise ValueError(f"must be an absolute host path without '.' or '..': {v[:200]!r}")
-        if v == "/etc/ld.so.preload" or AllocatorKnob().path_problem("env_file", v):
+        if v == LD_SO_PRELOAD or not any(path_matches(p, v) for p in ALLOCATOR_WRITES):
             raise ValueError(f"{v[:200]!r}: the allocator's file lies in {ENV_DIR}/ (gpu-tune's own folder on the host)")
         return v
 

@@ -20,8 +20,12 @@ cannot use (a file cut short, a disk that filled up) makes its compilation fail 
 falling back: the workload then removes the folder and reports ``error_kind: compile_cache``,
 and the agent runs the probe again at once without the cache.
 
-The bound on its size is kept by the agent (``gpu_tune.judge.probe.cache``), which prunes the
-least recently used folders before each probe run; this module touches the folder it uses.
+The folder holds code the probe loads and runs: it is used only when it and all in it are this
+process' own (:func:`own_folder`, ``gpu_tune.workload.cache_guard``: no symbolic link, no FIFO,
+socket or device, nothing of another user's or writable by anyone else, bounded in depth and
+entries); otherwise the cache is off, with the reason. The agent checks the whole cache the same
+way before each run and sets aside what fails (``gpu_tune.judge.probe.cache``); it also keeps the
+bound on its size, pruning the least recently used folders; this module touches the folder it uses.
 """
 
 from __future__ import annotations
@@ -30,13 +34,11 @@ import hashlib
 import importlib.metadata
 import os
 import re
-import shutil
-import tempfile
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from gpu_tune.workload import PROBE_VERSION
+from gpu_tune.workload import PROBE_VERSION, cache_guard
 from gpu_tune.workload.hostinfo import cpu_name, cpuinfo_field, nvml_identity
 
 TF_FLAG = "--tf_xla_persistent_cache_directory"
@@ -88,10 +90,20 @@ class CompileCache:
         except OSError:
             return 0
 
-    def forget(self) -> None:
-        """Remove the folder (an entry TensorFlow could not use); the next run compiles afresh."""
-        if self.path is not None:
-            shutil.rmtree(self.path, ignore_errors=True)
+    def forget(self) -> str | None:
+        """Remove the folder (an entry TensorFlow could not use), never following a link: the next
+        run compiles afresh. None, or why it was not (all) removed."""
+        if self.path is None:
+            return None
+        try:
+            bfd = cache_guard.open_dir(self.path.parent)
+        except OSError as exc:
+            return f"{self.path.parent}: {exc.strerror or exc}"
+        try:
+            r = cache_guard.remove(bfd, self.path.name, budget=cache_guard.MAX_ENTRIES * 4)
+        finally:
+            os.close(bfd)
+        return r.error or (None if r.done else "more entries than expected; the agent removes the rest")
 
     def summary(self) -> dict[str, Any]:
         if self.path is None:
@@ -100,6 +112,49 @@ class CompileCache:
         state = "cold" if self.entries_before == 0 else ("warm" if after == self.entries_before else "partly warm")
         return {"status": state, "key": self.key, "dir": str(self.path), "entries_before": self.entries_before,
                 "entries_after": after}
+
+
+def own_folder(base: Path, key: str) -> str | None:
+    """Make ``base/key`` (0700) and check that it and all in it are this process' own
+    (``cache_guard``: no link, no FIFO, nobody else's, nobody else may write); None, or why the
+    cache cannot be used. Files this process makes are writable by it alone (umask 022 at least):
+    TensorFlow's entries pass the next run's check."""
+    os.umask(os.umask(0o022) | 0o022)
+    what = str(base / key)
+    try:
+        base.mkdir(mode=0o700, parents=True, exist_ok=True)
+        bfd = cache_guard.open_dir(base)
+    except OSError as exc:
+        return f"{base}: {exc.strerror or exc}"
+    try:
+        why = cache_guard.fault(os.fstat(bfd), str(base), uid=os.geteuid(), folder=True)
+        if why:
+            return why
+        try:
+            os.mkdir(key, 0o700, dir_fd=bfd)
+        except FileExistsError:
+            why = cache_guard.fault(os.stat(key, dir_fd=bfd, follow_symlinks=False), what, uid=os.geteuid(),
+                                    folder=True)
+            if why:
+                return why
+        kfd = cache_guard.open_dir(key, bfd)  # never through a link, never opening a FIFO
+        try:
+            why = (cache_guard.fault(os.fstat(kfd), what, uid=os.geteuid(), folder=True)
+                   or cache_guard.walk(kfd, what).fault)
+            if why:
+                return why
+            probe = f".write-test-{os.getpid()}"
+            os.close(os.open(probe, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW | os.O_CLOEXEC, 0o600,
+                             dir_fd=kfd))
+            os.unlink(probe, dir_fd=kfd)
+            os.utime(kfd)  # the agent's pruning keeps the folders used most recently
+        finally:
+            os.close(kfd)
+    except OSError as exc:
+        return f"{what}: {exc.strerror or exc}"
+    finally:
+        os.close(bfd)
+    return None
 
 
 def prepare(base: str | None, *, device: str, xla: str) -> CompileCache:
@@ -126,13 +181,9 @@ def prepare(base: str | None, *, device: str, xla: str) -> CompileCache:
         extra["cpu_flags"] = hashlib.sha256((cpuinfo_field("flags") or "").encode()).hexdigest()[:12]
     key = cache_key(tf_version, model, driver, extra)
     path = Path(base) / key
-    try:
-        path.mkdir(parents=True, exist_ok=True)
-        with tempfile.NamedTemporaryFile(dir=path, prefix=".write-test-"):
-            pass
-        os.utime(path)  # the agent's pruning keeps the folders used most recently
-    except OSError as exc:
-        return CompileCache(None, reason=f"{path}: {exc.strerror or exc}")
+    why = own_folder(Path(base), key)
+    if why:
+        return CompileCache(None, reason=why)
     cache = CompileCache(path, key)
     cache.entries_before = cache.entries()
     os.environ["TF_XLA_FLAGS"] = f"{other_xla_flags()} {TF_FLAG}={path}".strip()

@@ -284,10 +284,11 @@ def run(a: argparse.Namespace) -> dict[str, Any]:
                     # TensorFlow fails a compilation whose cached entry it cannot read or write
                     # (a file cut short, a full disk) instead of compiling afresh: remove the
                     # folder and let the agent run the probe again without the cache.
-                    cache.forget()
+                    left = cache.forget()
                     first = op_error_line(exc)
+                    gone = "was removed" if left is None else f"could not be removed ({left})"
                     res.update(error=f"the XLA compilation with the persistent cache failed ({type(exc).__name__}: "
-                                     f"{first}); the cache folder {cache.path} was removed", error_kind="compile_cache")
+                                     f"{first}); the cache folder {cache.path} {gone}", error_kind="compile_cache")
                     return finish()
                 if plan.kind != "cpu" or plan.precision == "float32":
                     raise

@@ -2,7 +2,8 @@
 severity, its thresholds and its remedy (:class:`~gpu_tune.judge.checks.base.Family`), walked in
 :data:`REGISTRY` order by :func:`gpu_tune.judge.readiness.verdict`. docs/health.md has the table.
 
-Health families (the hardware's): presence (lost or missing GPUs, counts), xid (the kernel log),
+Health families (the hardware's): presence (lost or missing GPUs, counts), readings (NVML readings
+that answered with an error: warnings), xid (the kernel log),
 recovery (NVML's recovery action), memory, nvlink (and the fabric), network (InfiniBand), pcie,
 thermal. Beside them: tuning (the profile's settings: a preference, never the hardware's health),
 the device plugin's count, the driver's CUDA, the agent's publishing and the probe.
@@ -20,6 +21,7 @@ from gpu_tune.judge.checks.nvlink import NvLinkFamily
 from gpu_tune.judge.checks.pcie import Pcie
 from gpu_tune.judge.checks.presence import Presence
 from gpu_tune.judge.checks.probe import Probe
+from gpu_tune.judge.checks.readings import Readings
 from gpu_tune.judge.checks.recovery import Recovery
 from gpu_tune.judge.checks.stage import HealthStage
 from gpu_tune.judge.checks.thermal import Thermal
@@ -31,6 +33,7 @@ REGISTRY: tuple[Family, ...] = (
     Tuning(),
     Presence(),
     HealthStage(),
+    Readings(),
     Xid(),
     Recovery(),
     Memory(),

@@ -5,8 +5,9 @@ Actions, least to most severe: ``ignore`` (informational), ``restart_app`` (the 
 its inputs: a job failed, not the GPU), ``reset_gpu`` (the GPU must be reset before it is
 trusted), ``reboot`` (the node must be rebooted), ``inspect_hw`` (the hardware must be checked:
 reseat, swap, RMA). The last three are fatal: they keep the node not ready until it reboots or an
-operator clears them after a GPU reset (docs/health.md). An XID the catalog does not know is
-reported as a warning, never gating.
+operator clears them after a GPU reset (docs/health.md). An XID the catalog does not know, or
+marks unused on every GPU generation it covers, is reported as a warning that names it
+(``gpu.xid_unknown``), never gating: :func:`sighting_rank` tells the kernel log reader so.
 """
 
 from __future__ import annotations
@@ -15,6 +16,8 @@ from dataclasses import dataclass
 from functools import lru_cache
 from pathlib import Path
 from typing import Any
+
+from gpu_tune.discover.xids import FATAL, NOTED, OTHER
 
 ACTIONS = ("ignore", "restart_app", "reset_gpu", "reboot", "inspect_hw")
 FATAL_ACTIONS = frozenset({"reset_gpu", "reboot", "inspect_hw"})
@@ -101,3 +104,28 @@ def catalog() -> Catalog:
     doc = yaml_load(CATALOG_FILE.read_text(encoding="utf-8")) or {}
     return Catalog(source=str(doc.get("source") or ""), version=str(doc.get("version") or ""),
                    xids=_entries(doc.get("xids"), "xids", "xid"), sxids=_entries(doc.get("sxids"), "sxids", "sxid"))
+
+
+def sighting_rank(kind: str, code: int, message: str, severity_word: str | None) -> int:
+    """How much one kernel log record matters, for the reader's bounds and for which record of a
+    sighting speaks for it: FATAL (the catalog's action gates, or an SXid says ``Fatal``), NOTED
+    (a code the catalog does not know, or marks unused: named in a warning), OTHER. Called for
+    every record: only NVLink5 XIDs look at the text."""
+    if kind == "xid" and code in NVLINK5:
+        entry = catalog().xid(code)
+        if entry is None:
+            return NOTED
+        return FATAL if entry.fatal_for(message) else NOTED if entry.unused else OTHER
+    if kind == "sxid" and severity_word == "Fatal":
+        return FATAL
+    return (_RANKS or _ranks()).get((kind, code), NOTED)
+
+
+_RANKS: dict[tuple[str, int], int] = {}
+
+
+def _ranks() -> dict[tuple[str, int], int]:
+    cat = catalog()
+    _RANKS.update({("xid", c): FATAL if e.fatal else NOTED if e.unused else OTHER for c, e in cat.xids.items()})
+    _RANKS.update({("sxid", c): FATAL if e.fatal else OTHER for c, e in cat.sxids.items()})
+    return _RANKS

@@ -11,8 +11,9 @@ itself when the reading clears (a pending remap done by a reset).
 from __future__ import annotations
 
 from gpu_tune.judge.checks.base import Check, Facts, Family, answering, gpu_label, listed, per_gpu
+from gpu_tune.judge.checks.readings import not_read_note
 
-# DCGM's and GPUd's rule: 512 rows remapped for uncorrectable errors exhaust a bank's spares.
+# DCGM's rule (its health watch): 512 rows remapped for uncorrectable errors exhaust a bank's spares.
 UNCORRECTABLE_ROWS_LIMIT = 512
 
 
@@ -61,9 +62,11 @@ class Memory(Family):
         bad = {g.index: memory_problems(g) for g in gpus}
         bad = {i: p for i, p in bad.items() if p}
         per = per_gpu(gpus, bad)
+        note = not_read_note(gpus, "ecc_uncorrected_volatile", "remapped_rows", "retired_pages_pending", "sram_ecc")
         if not bad:
-            return [self.check("gpu.memory", True, f"no uncorrected memory error on {len(gpus)} GPU(s)", gpus=per)]
+            return [self.check("gpu.memory", True, f"no uncorrected memory error on {len(gpus)} GPU(s){note}",
+                               gpus=per)]
         by_index = {g.index: g for g in gpus}
         texts = [f"{gpu_label(by_index[i])}: {'; '.join(p)}" for i, p in sorted(bad.items())]
         short = [f"GPU {i}: " + "; ".join(x.split(": drain")[0] for x in p) for i, p in sorted(bad.items())]
-        return [self.check("gpu.memory", False, listed(texts), listed(short, 3), gpus=per)]
+        return [self.check("gpu.memory", False, listed(texts) + note, listed(short, 3), gpus=per)]

@@ -39,13 +39,27 @@ def _below(cur: Any, top: Any) -> bool:
 
 def pcie_link(g: Any, pcie: Mapping[str, Any] | None = None) -> tuple[Any, Any, Any, Any]:
     """(gen current, gen max, width current, width max): the topology's sysfs reading where it
-    has one, else the GPU backend's."""
+    has one, else the GPU backend's; except the top generation, which is NVML's
+    ``nvmlDeviceGetMaxPcieLinkGeneration`` ("possible with this device and system") where the
+    backend has it, before sysfs's (the lower of the GPU's and its port's ``max_link_speed``): a
+    Gen5 GPU in a Gen4 host tops out at Gen4, and is judged against Gen4."""
     def pick(topo_key: str, attr: str) -> Any:
         v = pcie.get(topo_key) if pcie else None
         return v if v is not None else getattr(g, attr, None)
 
-    return (pick("gen_current", "pcie_link_gen_current"), pick("gen_max", "pcie_link_gen_max"),
+    nvml_max = getattr(g, "pcie_link_gen_max", None)
+    gen_max = nvml_max if isinstance(nvml_max, int) else pick("gen_max", "pcie_link_gen_max")
+    return (pick("gen_current", "pcie_link_gen_current"), gen_max,
             pick("width_current", "pcie_link_width_current"), pick("width_max", "pcie_link_width_max"))
+
+
+def gpu_capable_above(g: Any, pcie: Mapping[str, Any] | None, gen_max: Any) -> int | None:
+    """The GPU's own top generation where it is above what its link can reach (a Gen5 GPU in a
+    Gen4 slot: 5), for the detail; else None."""
+    own = getattr(g, "pcie_link_gen_gpu_max", None)
+    if not isinstance(own, int):
+        own = (pcie or {}).get("gen_device_max")
+    return own if isinstance(own, int) and isinstance(gen_max, int) and own > gen_max else None
 
 
 def is_busy(g: Any) -> bool:
@@ -88,8 +102,9 @@ class Pcie(Family):
     name = "pcie"
     category = "pcie"
     source = "sysfs and NVML"
-    reads = ("/sys/bus/pci/devices/BDF/{current,max}_link_{speed,width} (NVML's link figures where sysfs has "
-             "none), aer_dev_{fatal,nonfatal}; nvmlDeviceGetPcieReplayCounter over the agent's window; utilization")
+    reads = ("/sys/bus/pci/devices/BDF/{current,max}_link_{speed,width} and the upstream port's max_link_speed "
+             "(NVML's link figures where sysfs has none; the top generation from nvmlDeviceGetMaxPcieLinkGeneration "
+             "first), aer_dev_{fatal,nonfatal}; nvmlDeviceGetPcieReplayCounter over the agent's window; utilization")
     thresholds = (f"width = max; generation = max at >= {BUSY_UTILIZATION_PERCENT}% utilization; AER fatal 0; "
                   "replays/min <= lanes x GT/s x 1e-12 x 60 (warning); AER non-fatal 0 (warning)")
     remedy = "reseat the GPU or check its riser/slot; replays and AER errors that persist: replace the riser or GPU"
@@ -113,6 +128,11 @@ class Pcie(Family):
                 n = link_note(g, pcie)
                 if n:
                     notes.append(n)
+            _, top, _, _ = pcie_link(g, pcie)
+            above = gpu_capable_above(g, pcie, top)
+            if above is not None:
+                notes.append(f"GPU {g.index} is Gen{above}-capable in a Gen{top} link (its slot or host): judged "
+                             f"against Gen{top}")
             bus = (g.pci_bus_id or "").lower()
             aer = host.aer_of(bus) if host is not None else None
             unreadable = list(host.pcie_problems(bus)) if host is not None and hasattr(host, "pcie_problems") else []

@@ -69,8 +69,8 @@ class Presence(Family):
         for g in gpus:
             if g.error and g.error_kind != "reset_required":  # a reset is the recovery family's
                 if g.error_kind == "lost":
-                    bad[g.index] = (f"{gpu_label(g)} is lost ({g.error}): cordon and drain the node, check dmesg "
-                                    f"for Xid 79, then reset the GPU or reboot")
+                    bad[g.index] = (f"{gpu_label(g)} is lost (NVML: {g.error}): cordon and drain the node, check "
+                                    f"dmesg for Xid 79, then reset the GPU or reboot")
                 else:
                     bad[g.index] = f"{gpu_label(g)} does not answer ({g.error_kind or 'error'}: {g.error}): check the driver with nvidia-smi"
         per = tuple((str(g.index), g.index not in bad) for g in gpus)

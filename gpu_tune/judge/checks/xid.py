@@ -6,12 +6,18 @@
   remembered in the agent's state folder, so an XID logged before the agent started, or while
   it restarted, is judged as well. The same fatal XID in a third boot says "inspect the hardware".
 - ``nvswitch.sxid`` (fatal): an NVSwitch logged a fatal SXid in this boot.
-- ``gpu.kernel_log`` (warning): the kernel log cannot be read (listed only then): XIDs logged
-  while the agent does not run are not seen.
+- ``gpu.kernel_log`` (warning): the kernel log cannot be read, or one read did not reach its end
+  within its time bound (listed only then): XIDs logged while the agent does not run are not seen.
+- ``gpu.xid_unknown`` (warning): a GPU logged an XID the catalog does not know (or marks unused on
+  every generation it covers), named, never gating (listed only then).
+
+Only the kernel's own records count (gpu_tune.discover.xids): what was ignored, skipped or not
+kept is said in ``gpu.xid``'s detail, so that a forgery or a flood is visible.
 """
 
 from __future__ import annotations
 
+from gpu_tune.discover.xids import MAX_FATAL_BUSES, MAX_FATAL_PER_BUS, MAX_SIGHTINGS, KernelLogStatus, XidSighting
 from gpu_tune.judge.checks.base import WARNING, Check, Facts, Family, listed
 from gpu_tune.judge.checks.catalog import ACTION_WORDS, catalog
 from gpu_tune.judge.checks.state import ESCALATE_BOOTS, XidRecord
@@ -20,10 +26,42 @@ CLEAR_HINT = ("after the GPU is reset, `gpu-tune set-healthy --gpu {gpu}` on the
               "gpu-tune.io/set-healthy=<any new value>) clears it; a reboot clears it too")
 
 
-def _when(r: XidRecord) -> str:
+def _when(r: XidRecord | XidSighting) -> str:
     if r.first_usec is not None:
         return f"first {r.first_usec / 1e6:.1f} s after boot"
-    return f"from {r.source}"
+    return f"from {getattr(r, 'source', 'the kernel log')}"
+
+
+def _n(n: int, one: str, many: str) -> str:
+    return f"{n:,} {one if n == 1 else many}"
+
+
+def log_words(log: KernelLogStatus | None) -> str:
+    """What reading the kernel log ignored, skipped or did not keep, in words ("" when nothing)."""
+    if log is None:
+        return ""
+    parts = []
+    if log.foreign:
+        parts.append(_n(log.foreign, "record", "records") + " naming an XID not written by the kernel ignored "
+                     "(facility not 0: written from user space)")
+    if log.embedded:
+        parts.append(_n(log.embedded, "XID text", "XID texts") + " inside other records ignored (not the driver's "
+                     "record form)")
+    if log.malformed:
+        parts.append(_n(log.malformed, "malformed XID record", "malformed XID records"))
+    if log.dropped_fatal:
+        parts.append(_n(log.dropped_fatal, "fatal sighting", "fatal sightings") + f" not kept (beyond "
+                     f"{MAX_FATAL_PER_BUS} codes per address or {MAX_FATAL_BUSES} addresses)")
+    if log.dropped:
+        parts.append(_n(log.dropped, "non-fatal sighting", "non-fatal sightings") + f" not kept (beyond "
+                     f"{MAX_SIGHTINGS:,})")
+    if log.skipped or log.skipped_bytes:
+        older = [x for x in (_n(log.skipped, "line", "lines") if log.skipped else "",
+                             f"{log.skipped_bytes:,} bytes" if log.skipped_bytes else "") if x]
+        parts.append(" and ".join(older) + " older than the newest read were not read")
+    if log.lost:
+        parts.append(_n(log.lost, "record", "records") + " overwritten before they were read")
+    return "; ".join(parts)
 
 
 class Xid(Family):
@@ -35,7 +73,7 @@ class Xid(Family):
     thresholds = ("an XID whose catalog action (xid_catalog.yaml) is reset_gpu, reboot or inspect_hw; a fatal "
                   f"SXid; the same fatal XID in {ESCALATE_BOOTS} boots: inspect_hw")
     remedy = "drain the node; reset the GPU or reboot as the catalog says; then `gpu-tune set-healthy`"
-    checks = ("gpu.xid", "nvswitch.sxid", "gpu.kernel_log")
+    checks = ("gpu.xid", "nvswitch.sxid", "gpu.kernel_log", "gpu.xid_unknown")
 
     def evaluate(self, facts: Facts) -> list[Check]:
         view = facts.history
@@ -47,9 +85,17 @@ class Xid(Family):
             out.append(self.check("gpu.kernel_log", False, f"{log.error}: XIDs logged while the agent does not run "
                                   "are not seen (docs/security.md: the audit pod needs CAP_SYSLOG)",
                                   log.error, severity=WARNING))
+        elif log is not None and log.incomplete:
+            why = "; ".join(log.notes) or "the read stopped before the log's end"
+            out.append(self.check("gpu.kernel_log", False, f"{log.source}: not read to its end ({why}): the newest "
+                                  "records are judged at the next pass", "kernel log not read to its end",
+                                  severity=WARNING))
         xids = [r for r in records if r.kind == "xid"]
         if host is not None or xids or facts.gpus:
             out.append(self._gpu_xids(facts, xids, log))
+        noted = list(getattr(host, "noted", ()) or ())
+        if noted:
+            out.append(self._unknown(facts, noted))
         sxids = [r for r in records if r.kind == "sxid"]
         if sxids:
             cat = catalog()
@@ -78,13 +124,33 @@ class Xid(Family):
             if g is not None:
                 bad.setdefault(g.index, []).append(str(r.code))
         per = tuple((str(g.index), g.index not in bad) for g in facts.gpus)
+        words = log_words(log)
         if texts:
-            return self.check("gpu.xid", False, listed(texts), "fatal " + listed(short, 3), gpus=per)
+            return self.check("gpu.xid", False, listed(texts) + (f" (kernel log: {words})" if words else ""),
+                              "fatal " + listed(short, 3), gpus=per)
         where = f"kernel log: {log.source}" if log is not None and not log.error and log.source else (
             "the kernel log is not readable: NVML events only" if log is not None else "NVML events")
         cleared = f"; cleared: {view_cleared(facts)}" if view_cleared(facts) else ""
-        return self.check("gpu.xid", True, f"no fatal XID in this boot ({where}; catalog {cat.version}){cleared}",
-                          gpus=per)
+        return self.check("gpu.xid", True, f"no fatal XID in this boot ({where}; catalog {cat.version}"
+                          f"{'; ' + words if words else ''}){cleared}", gpus=per)
+
+    def _unknown(self, facts: Facts, noted: list[XidSighting]) -> Check:
+        """XIDs (and SXids) the catalog does not know or marks unused: named, never gating."""
+        cat = catalog()
+        by_bus = {g.pci_bus_id.lower().rsplit(".", 1)[0]: g for g in facts.gpus if g.pci_bus_id}
+        texts, short = [], []
+        for s in sorted(noted, key=lambda s: (s.kind, s.bus, s.code)):
+            g = by_bus.get(s.bus.rsplit(".", 1)[0]) if s.kind == "xid" else None
+            who = f"GPU {g.index} ({g.pci_bus_id})" if g else f"PCI {s.bus}"
+            word = "XID" if s.kind == "xid" else "SXid"
+            entry = cat.xid(s.code) if s.kind == "xid" else cat.sxid(s.code)
+            why = (f"marked unused on every GPU generation the catalog covers ({entry.name})" if entry is not None
+                   else f"not in the catalog ({cat.version})")
+            texts.append(f"{who}: {word} {s.code} {why} (x{s.count}, {_when(s)}): {s.message[:80]!r}")
+            short.append(f"{'GPU ' + str(g.index) if g else s.bus}: {word} {s.code}")
+        return self.check("gpu.xid_unknown", False, listed(texts) + ": not judged, never gating; look the code up in "
+                          f"NVIDIA's XID catalog ({cat.source}) and the driver's release notes",
+                          "unknown " + listed(short, 3), severity=WARNING)
 
 
 def _from_events(facts: Facts) -> list[XidRecord]:

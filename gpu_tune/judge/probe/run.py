@@ -13,8 +13,9 @@ notice, ``failed call to cuInit`` on a node without a GPU, plugin registration c
 what is left is the workload's own error.
 
 Each workload gets the persistent XLA compilation cache folder (``compile_cache``, in the agent's
-state folder; profile ``probe.compile_cache``), pruned to its bound before the run
-(:mod:`gpu_tune.judge.probe.cache`). A workload whose compilation failed with the cache
+state folder; profile ``probe.compile_cache``), checked (what is not the agent's own is set aside,
+and said in the verdicts' notes) and pruned to its bound before the run
+(:mod:`gpu_tune.judge.probe.cache`); where it cannot be made sound the probes run without it. A workload whose compilation failed with the cache
 (``error_kind: compile_cache``: an entry TensorFlow could not use; the workload removed its folder)
 is run again at once without it, and the verdict notes it.
 """
@@ -322,7 +323,8 @@ def _child_env(target: ProbeTarget, dev: str, module: str) -> dict[str, str]:
 
 def _probe_one(target: ProbeTarget, policy: ProbePolicy, baselines: Baselines, *, data: str | None,
                timeout: float, device: str, previous: dict | None, gpu_backend: Any,
-               module: str, extra_args: Sequence[str], compile_cache: str | None = None) -> ProbeVerdict:
+               module: str, extra_args: Sequence[str], compile_cache: str | None = None,
+               cache_notes: Sequence[str] = ()) -> ProbeVerdict:
     started = _now()
     t0 = time.monotonic()
     exp_cpus = format_cpulist(target.expected_cpus) if target.expected_cpus is not None else None
@@ -371,6 +373,7 @@ def _probe_one(target: ProbeTarget, policy: ProbePolicy, baselines: Baselines, *
         cmd += ["--data", data]
     cmd += list(extra_args)
     cache_args = ["--compile-cache", compile_cache] if compile_cache and policy.compile_cache else []
+    notes += cache_notes
     env = _child_env(target, dev, module)
 
     attempts = 0
@@ -417,10 +420,15 @@ def run_probes(targets: list[ProbeTarget], policy: ProbePolicy, baselines: Basel
     module = workload_module or os.environ.get("GPU_TUNE_PROBE_MODULE") or WORKLOAD_MODULE
     prev = _previous_by_label(previous)
     out: list[ProbeVerdict | None] = [None] * len(targets)
+    cache_notes: list[str] = []
     if compile_cache and policy.compile_cache:
-        from gpu_tune.judge.probe.cache import prune
+        from gpu_tune.judge.probe.cache import upkeep
 
-        prune(compile_cache)
+        try:
+            kept = upkeep(compile_cache)
+            compile_cache, cache_notes = kept.folder, kept.notes
+        except Exception as exc:  # the cache is an optimisation: a failure is said and the probe runs without it
+            compile_cache, cache_notes = None, [f"compilation cache not used: its upkeep failed: {exc!r}"]
 
     groups: dict[Any, list[int]] = {}
     for i, t in enumerate(targets):
@@ -432,7 +440,7 @@ def run_probes(targets: list[ProbeTarget], policy: ProbePolicy, baselines: Basel
             try:
                 out[i] = _probe_one(t, policy, baselines, data=data, timeout=limit, device=device,
                                     previous=prev.get(t.label), gpu_backend=gpu_backend, module=module,
-                                    extra_args=extra_args, compile_cache=compile_cache)
+                                    extra_args=extra_args, compile_cache=compile_cache, cache_notes=cache_notes)
             except Exception as exc:  # a failure is a verdict, never a lost thread
                 now = _rfc3339(_now())
                 out[i] = ProbeVerdict(t.label, "error", False, [f"probe runner failed: {exc}"], 0, now, now,

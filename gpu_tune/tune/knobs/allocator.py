@@ -22,6 +22,7 @@ from typing import Any, NewType
 from gpu_tune.errors import HostError
 from gpu_tune.tune.model import Setting
 from gpu_tune.tune.knobs.base import Context, Knob, decode_raw, encode_raw, path_matches
+from gpu_tune.tune.paths import ALLOCATOR_WRITES, ENV_DIR, LD_SO_PRELOAD
 
 # A path as the host's processes see it (no --root prefix). Never opened from this process
 # directly: HostFS maps it under the root.
@@ -33,10 +34,8 @@ HOST_LIB_DIRS: tuple[str, ...] = (
     "/lib/aarch64-linux-gnu", "/usr/lib64", "/lib64", "/usr/lib", "/lib", "/usr/local/lib",
     "/usr/local/lib64",
 )
-LD_SO_PRELOAD = "/etc/ld.so.preload"
 # gpu-tune's own folder on the host: ``allocator.env_file`` lies in it (the DaemonSet mounts it
 # writable; the rest of /etc is read-only there).
-ENV_DIR = "/etc/gpu-tune"
 def jemalloc_missing(where: str) -> str:
     """The one sentence for a missing jemalloc, said the same way by the audit (the host's
     library folders) and the probe (the folders of the process that runs it)."""
@@ -91,7 +90,7 @@ class AllocatorKnob(Knob):
     error_id = "allocator.preload"
     ids = ("allocator.preload",)
     files = tuple(f"{d}/{JEMALLOC_SONAME}" for d in HOST_LIB_DIRS) + (f"{ENV_DIR}/allocator.env", LD_SO_PRELOAD)
-    writes = (f"{ENV_DIR}/**", LD_SO_PRELOAD)
+    writes = ALLOCATOR_WRITES
     creates = (ENV_DIR, f"{ENV_DIR}/**")
 
     def wanted(self, profile) -> bool:

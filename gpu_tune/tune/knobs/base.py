@@ -13,11 +13,11 @@ from __future__ import annotations
 
 import base64
 from dataclasses import dataclass, field
-from fnmatch import fnmatchcase
 from typing import TYPE_CHECKING, Any, ClassVar
 
 from gpu_tune.errors import HostError
 from gpu_tune.tune.model import Setting
+from gpu_tune.tune.paths import path_matches
 
 if TYPE_CHECKING:  # pragma: no cover
     from gpu_tune.gpu.base import GpuBackend
@@ -89,29 +89,6 @@ def process_table(ctx: Context) -> dict[str, tuple[int, ...]]:
     return ctx.cached("process_table", load)
 
 
-def clean_path(path: object) -> bool:
-    """An absolute path written plainly: no empty, ``.`` or ``..`` component, no NUL."""
-    if not isinstance(path, str) or not path.startswith("/") or "\0" in path:
-        return False
-    return all(part not in ("", ".", "..") for part in path[1:].split("/"))
-
-
-def path_matches(pattern: str, path: str) -> bool:
-    """Whether the absolute ``path`` is one that ``pattern`` names: component by component,
-    ``*``, ``?`` and ``[...]`` within one component (:func:`fnmatch.fnmatchcase`), ``**`` for one
-    or more components. A path that is not :func:`clean_path` matches nothing."""
-    if not clean_path(path):
-        return False
-    want, have = pattern.strip("/").split("/"), path.strip("/").split("/")
-
-    def match(i: int, j: int) -> bool:
-        if i == len(want):
-            return j == len(have)
-        if want[i] == "**":
-            return any(match(i + 1, k) for k in range(j + 1, len(have) + 1))
-        return j < len(have) and fnmatchcase(have[j], want[i]) and match(i + 1, j + 1)
-
-    return match(0, 0)
 
 
 def encode_raw(data: bytes | None) -> str | None:
