@@ -4,6 +4,7 @@ GPU reset). docs/health.md."""
 
 
 import logging
+import re
 import socket
 from typing import Annotated, Optional
 
@@ -60,6 +61,7 @@ def _judge(g: Globals, fs, profile: str, probe: bool, device: Device):
     from gpu_tune.judge import probe as probe_mod
     from gpu_tune.judge.checks.expect import device_ids, expectations
     from gpu_tune.judge.checks.monitor import HealthMonitor
+    from gpu_tune.judge.checks.network import named_ports
     from gpu_tune.judge.readiness import verdict
     from gpu_tune.timestamps import format_rfc3339
     from gpu_tune.tune import engine
@@ -74,8 +76,13 @@ def _judge(g: Globals, fs, profile: str, probe: bool, device: Device):
     report = engine.audit(engine.make_context(fs, prof, backend)).as_dict()
     gpus = backend.gpus()
     monitor = HealthMonitor(fs)
+    host = view = None
     try:
-        host, view = monitor.read(gpus, topo_doc)
+        host, view = monitor.read(gpus, topo_doc, ib_named=named_ports(prof))
+    except Exception as exc:  # fails closed: the node is not ready, with the reason (gpu.health)
+        log.debug("health readings failed", exc_info=True)
+        text = str(exc).strip().splitlines()[0][:300] if str(exc).strip() else ""
+        errors["health"] = f"{type(exc).__name__}: {text}" if text else type(exc).__name__
     finally:
         monitor.close()
     expect = expectations(prof, baselines, gpus, device_ids=device_ids(topo_doc))
@@ -136,37 +143,50 @@ def _summary(v) -> str:
     return printable("\n".join(lines))
 
 
+# what --gpu takes besides an index and "all": a PCI address as NVML or sysfs writes it
+BUS_ID_RE = re.compile(r"(?:[0-9A-Fa-f]{4,8}:)?[0-9A-Fa-f]{2}:[0-9A-Fa-f]{2}(?:\.[0-7])?")
+
+
 @command("set-healthy", help="After a GPU reset: clear this boot's fatal XIDs (of one GPU, or all), which otherwise "
                              "keep the node not ready until it reboots. The agent's Node label "
-                             "gpu-tune.io/set-healthy=<new value> does the same from the cluster.")
+                             "gpu-tune.io/set-healthy=<new value> does the same from the cluster. Exit 0 cleared, "
+                             "1 nothing could be cleared (the boot id cannot be read, or the state cannot be saved).")
 def set_healthy_cmd(
     g: Globals,
     gpu: Annotated[str, typer.Option("--gpu", metavar="N|BUS|all", help="GPU index, PCI bus id or 'all'")] = "all",
 ) -> int:
+    from gpu_tune.discover.sysfs_health import read_uptime_usec
+    from gpu_tune.host.numbers import shown, uint_or_none
     from gpu_tune.host.parse import normalize_bus_id
     from gpu_tune.judge.checks.state import HealthState
+    from gpu_tune.views.text import markup_safe
 
-    fs = open_host(g)
+    # checked whole before anything is read or written: one line, exit 2
     bus: Optional[str] = None
-    if gpu != "all":
-        if gpu.isdigit():
-            found = [x for x in gpu_backend(g).gpus() if x.index == int(gpu)]
-            if not found or not found[0].pci_bus_id:
-                raise InputError(f"--gpu {gpu}: no such GPU here (gpu-tune topology lists them)")
-            bus = found[0].pci_bus_id
-        elif ":" in gpu:
-            bus = normalize_bus_id(gpu)
-        else:
-            raise InputError(f"--gpu {gpu!r}: expected a GPU index, a PCI bus id (0000:18:00.0) or 'all'")
-    up = fs.read_optional("/proc/uptime")
-    try:
-        uptime = int(float(up.split()[0]) * 1_000_000) if up else None
-    except (ValueError, IndexError):
-        uptime = None
-    gone = HealthState(fs).clear(bus, uptime_usec=uptime, why=f"gpu-tune set-healthy --gpu {gpu}")
+    index = uint_or_none(gpu, max_digits=4) if gpu != "all" else None
+    if gpu != "all" and index is None:
+        if not BUS_ID_RE.fullmatch(gpu):
+            raise InputError(f"--gpu {shown(gpu)}: expected a GPU index, a PCI bus id (0000:18:00.0) or 'all'")
+        bus = normalize_bus_id(gpu)
+    fs = open_host(g)
+    if index is not None:
+        found = [x for x in gpu_backend(g).gpus() if x.index == index]
+        if not found or not found[0].pci_bus_id:
+            raise InputError(f"--gpu {index}: no such GPU here (gpu-tune topology lists them)")
+        bus = found[0].pci_bus_id
+    up = read_uptime_usec(fs)
+    res = HealthState(fs).clear(bus, uptime_usec=up.value, why=f"gpu-tune set-healthy --gpu {gpu}")
+    notes = [n for n in (res.note, up.problem and f"{up.problem}: the clear covers the fatal XIDs recorded so far")
+             if n]
     if g.output == "json":
-        print_json({"cleared": gone, "gpu": gpu})
+        print_json({"cleared": list(res.cleared), "gpu": gpu, "error": res.error, "notes": notes})
     else:
-        console().print(f"cleared: {', '.join(gone)}" if gone else "nothing to clear: no fatal XID recorded in this boot"
-                        + ("" if bus is None else f" for {bus}"))
-    return 0
+        if res.error:
+            text = res.error
+        elif res.cleared:
+            text = f"cleared: {', '.join(res.cleared)}"
+        else:
+            text = "nothing to clear: no fatal XID recorded in this boot" + ("" if bus is None else f" for {bus}")
+        for line in [text, *notes]:  # markup and control characters escaped, never printed raw
+            console().print(markup_safe(line, one_line=True), highlight=False)
+    return 1 if res.error else 0

@@ -9,14 +9,15 @@ import typer
 
 from gpu_tune.cli.app import Device, Globals, ProfileOpt, command, console, gpu_backend, open_host, print_json, profile_of
 from gpu_tune.errors import InputError
+from gpu_tune.host.numbers import shown, uint_or_none
 
 log = logging.getLogger("gpu_tune")
 
 
 def _check_gpu_and_data(gpu: Optional[str], data: Optional[str]) -> None:
     """The probe's and the gain's --gpu and --data, checked before anything runs."""
-    if gpu is not None and gpu != "all" and not gpu.isdigit():
-        raise InputError(f"--gpu {gpu!r}: expected a GPU index or 'all'")
+    if gpu is not None and gpu != "all" and uint_or_none(gpu, max_digits=4) is None:
+        raise InputError(f"--gpu {shown(gpu)}: expected a GPU index or 'all'")
     if data is not None and not os.path.exists(data):
         raise InputError(f"--data {data}: no such file or folder")
 

@@ -37,6 +37,7 @@ from typing import TYPE_CHECKING, Any, Iterable
 
 from gpu_tune.discover.model import NumaNode, NumaSource, PciDevice, Topology, nic_name
 from gpu_tune.errors import HostError, NotAFile
+from gpu_tune.host.numbers import uint_or_none
 from gpu_tune.host.files import TABLE_READ_CAP
 from gpu_tune.host.parse import (MAX_CPU, normalize_bus_id, ParseError, format_cpulist, irqs_named, parse_cpulist, parse_cpumask, parse_int,
                     parse_interrupts, parse_link_speed, parse_link_width, parse_meminfo)
@@ -76,8 +77,8 @@ def _online_cpus(fs: "HostFS", warnings: list[str]) -> frozenset[int]:
     if text and text.strip() and cpus is None:
         warnings.append(f"{CPU_DIR}/online: unparsable {text.strip()[:40]!r} (CPU ids are 0..{MAX_CPU}): "
                         "the cpuN directories are used instead")
-    found = frozenset(int(n[3:]) for n in fs.listdir(CPU_DIR)
-                      if n.startswith("cpu") and n[3:].isascii() and n[3:].isdigit() and int(n[3:]) <= MAX_CPU)
+    ids = (uint_or_none(n[3:], max_digits=5) for n in fs.listdir(CPU_DIR) if n.startswith("cpu"))
+    found = frozenset(i for i in ids if i is not None and i <= MAX_CPU)
     if not found:
         warnings.append(f"{CPU_DIR}/online: unreadable and no cpuN directories")
     return found
@@ -86,7 +87,8 @@ def _online_cpus(fs: "HostFS", warnings: list[str]) -> frozenset[int]:
 def _numa_nodes(fs: "HostFS", cpus_online: frozenset[int], warnings: list[str]) -> tuple[NumaNode, ...]:
     ids = _cpulist(fs.read_optional(f"{NODE_DIR}/online"))
     if ids is None:
-        ids = frozenset(int(n[4:]) for n in fs.listdir(NODE_DIR) if n.startswith("node") and n[4:].isdigit())
+        ids = frozenset(i for i in (uint_or_none(n[4:], max_digits=5) for n in fs.listdir(NODE_DIR)
+                                    if n.startswith("node")) if i is not None)
     nodes = []
     for nid in sorted(ids):
         base = f"{NODE_DIR}/node{nid}"
@@ -97,7 +99,7 @@ def _numa_nodes(fs: "HostFS", cpus_online: frozenset[int], warnings: list[str]) 
         mem_text = fs.read_optional(f"{base}/meminfo")
         mem = parse_meminfo(mem_text).get("MemTotal") if mem_text else None
         dist_text = fs.read_optional(f"{base}/distance") or ""
-        dist = tuple(int(x) for x in dist_text.split() if x.isdigit())
+        dist = tuple(d for d in (uint_or_none(x, max_digits=5) for x in dist_text.split()) if d is not None)
         nodes.append(NumaNode(nid, cpus & cpus_online if cpus_online else cpus, mem, dist))
     if not nodes:
         # A kernel without NUMA support shows no node directory: the whole machine is one node.
@@ -174,7 +176,8 @@ def _read_device(fs: "HostFS", address: str, kind: str, nodes: tuple[NumaNode, .
     else:
         numa = _derive_node(local, nodes)
         source = "local_cpulist" if numa is not None else "unknown"
-    irqs = tuple(sorted(int(n) for n in fs.listdir(f"{base}/msi_irqs") if n.isdigit()))
+    irqs = tuple(sorted(i for i in (uint_or_none(n, max_digits=10) for n in fs.listdir(f"{base}/msi_irqs"))
+                        if i is not None))
     dev_max = parse_link_speed(fs.read_optional(f"{base}/max_link_speed"))
     return PciDevice(
         address=address, kind=kind, vendor=vendor, device=device, pci_class=pci_class,  # type: ignore[arg-type]

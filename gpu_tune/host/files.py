@@ -6,6 +6,7 @@ own uses them directly (:func:`read_local_file`, :func:`atomic_write`).
 
 from __future__ import annotations
 
+import ctypes
 import errno
 import os
 import re
@@ -157,3 +158,27 @@ def atomic_write(path: Path, data: bytes, mode: int = 0o644) -> None:
         os.fsync(dfd)
     finally:
         os.close(dfd)
+
+
+# Their statfs(2) f_type magic numbers (linux/magic.h).
+KERNEL_FS_MAGIC = frozenset({0x9FA0, 0x62656572, 0x27E0EB, 0x63677270, 0x64626720, 0x73636673, 0x62656570})
+
+# The temporary file of an atomic write: ``.<name>.<12 hex digits>`` beside ``<name>``.
+TEMP_RE = re.compile(r"\.(?P<name>.+)\.[0-9a-f]{12}")
+
+
+def fs_magic(fd: int) -> int | None:
+    """statfs(2) f_type of the filesystem holding ``fd``."""
+    buf = ctypes.create_string_buffer(512)
+    try:
+        if _libc().fstatfs(ctypes.c_int(fd), buf) != 0:
+            return None
+    except (OSError, AttributeError):
+        return None
+    return ctypes.c_long.from_buffer(buf).value
+
+
+def _libc():
+    from gpu_tune.host.resolve import libc
+
+    return libc()

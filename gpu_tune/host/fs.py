@@ -29,45 +29,25 @@ written: another name may lie outside the root.
 
 from __future__ import annotations
 
-import ctypes
 import errno
 import logging
 import os
-import re
 import stat
 from pathlib import Path
 from typing import Callable
 
 from gpu_tune.errors import HostError, InputError, NotAFile
-from gpu_tune.host.files import O_READ, O_WRITE, READ_CAP, file_kind, os_reason, read_capped, size_text
-from gpu_tune.host.resolve import O_CLOEXEC, O_PATH, Escape, Openat2Resolver, WalkResolver, libc
+from gpu_tune.host.files import (KERNEL_FS_MAGIC, O_READ, READ_CAP, file_kind, fs_magic, os_reason, read_capped,
+                                 size_text)
+from gpu_tune.host.fs_write import HostWrites
+from gpu_tune.host.resolve import O_CLOEXEC, O_PATH, Escape, Openat2Resolver, WalkResolver
 
 # Filesystems whose files are kernel interfaces: a write is a request, not a byte copy.
 KERNEL_FS_TYPES = frozenset({"proc", "sysfs", "cgroup", "cgroup2", "debugfs", "securityfs", "configfs"})
-# Their statfs(2) f_type magic numbers (linux/magic.h).
-_KERNEL_FS_MAGIC = frozenset({0x9FA0, 0x62656572, 0x27E0EB, 0x63677270, 0x64626720, 0x73636673, 0x62656570})
-
-# The temporary file of an atomic write: ``.<name>.<12 hex digits>`` beside ``<name>``.
-_TEMP_RE = re.compile(r"\.(?P<name>.+)\.[0-9a-f]{12}")
-
-
-# -- resolving beneath a root ---------------------------------------------------------------
-
-def _fs_magic(fd: int) -> int | None:
-    """statfs(2) f_type of the filesystem holding ``fd``."""
-    buf = ctypes.create_string_buffer(512)
-    try:
-        if libc().fstatfs(ctypes.c_int(fd), buf) != 0:
-            return None
-    except (OSError, AttributeError):
-        return None
-    return ctypes.c_long.from_buffer(buf).value
-
-
 RESOLVERS = ("auto", "openat2", "walk")
 
 
-class HostFS:
+class HostFS(HostWrites):
     """Read and write the host's files beneath ``root``.
 
     ``resolver``: ``auto`` (openat2 where the kernel has it, else the walk), ``openat2`` or
@@ -227,7 +207,7 @@ class HostFS:
             if kind is not None:
                 raise NotAFile(f"{host_path}: is {kind}, not a file: not read", errno.EINVAL)
             # a regular file on an ordinary filesystem says its size; a kernel file does not
-            if st.st_size > limit and _fs_magic(fd) not in _KERNEL_FS_MAGIC:
+            if st.st_size > limit and fs_magic(fd) not in KERNEL_FS_MAGIC:
                 raise NotAFile(f"{host_path}: larger than {size_text(limit)}, too large for this file: not read",
                                errno.EFBIG)
             return fd
@@ -348,7 +328,9 @@ class HostFS:
             os.close(fd)
 
     def pids(self) -> list[int]:
-        return [int(n) for n in self.listdir("/proc") if n.isdigit()]
+        from gpu_tune.host.numbers import uint_or_none
+
+        return [n for n in (uint_or_none(name, max_digits=10) for name in self.listdir("/proc")) if n is not None]
 
     def is_kernel_file(self, host_path: str) -> bool:
         """True when the file lives on procfs/sysfs (a knob), False for a regular file (and for
@@ -358,7 +340,7 @@ class HostFS:
         except (OSError, HostError):
             return False
         try:
-            return _fs_magic(fd) in _KERNEL_FS_MAGIC
+            return fs_magic(fd) in KERNEL_FS_MAGIC
         finally:
             os.close(fd)
 
@@ -381,212 +363,3 @@ class HostFS:
             return file_kind(os.fstat(fd).st_mode)
         finally:
             os.close(fd)
-
-    def _write_into(self, host_path: str, data: bytes, what: str) -> None:
-        rel = self._rel(host_path)
-        try:
-            fd = self._open(rel, O_WRITE, write=True)
-        except OSError as exc:
-            kind = self._kind_at(rel) if exc.errno in (errno.ENXIO, errno.ENODEV) else None
-            if kind is not None:  # a FIFO with no reader, a device with nothing behind it
-                raise NotAFile(f"{host_path}: not written: it is {kind}, not a file", errno.EINVAL) from None
-            raise self._error(host_path, exc, write=True) from None
-        try:
-            self._one_name(host_path, os.fstat(fd))
-            if _fs_magic(fd) not in _KERNEL_FS_MAGIC:  # a regular file: replace its bytes
-                os.ftruncate(fd, 0)
-            os.write(fd, data)
-        except OSError as exc:
-            raise self._error(host_path, exc, write=True, what=what) from None
-        finally:
-            os.close(fd)
-
-    def write_text(self, host_path: str, value: str) -> None:
-        """Write a value into an existing file (a kernel knob): never creates it.
-
-        Kernel files take the bare choice (``madvise``, not ``always [madvise] never``).
-        """
-        self._write_into(host_path, value.encode(), f"cannot write {value!r} to ")
-
-    def write_bytes_exact(self, host_path: str, data: bytes) -> None:
-        """Write raw bytes into an existing regular file (restoring a fixture byte-for-byte)."""
-        self._write_into(host_path, data, "")
-
-    def _dir_for_write(self, host_dir: str, *, create: bool, for_path: str = "") -> int:
-        """An ``O_RDONLY|O_DIRECTORY`` descriptor of ``host_dir`` resolved beneath the root
-        for writing, its missing folders created (0755) when ``create``. Raises HostError."""
-        rel = self._rel(host_dir)
-        parts = rel.split("/") if rel else []
-        flags = os.O_RDONLY | os.O_DIRECTORY
-        try:
-            return self._open(rel, flags, write=True)
-        except FileNotFoundError:
-            if not create:
-                raise
-        except OSError as exc:
-            raise self._error(for_path or host_dir, exc, write=True) from None
-        # create the missing folders one level at a time, each beneath the root
-        for i in range(1, len(parts) + 1):
-            here = "/".join(parts[:i])
-            try:
-                fd = self._open(here, flags, write=True)
-            except FileNotFoundError:
-                try:
-                    pfd = self._open("/".join(parts[:i - 1]), flags, write=True)
-                    try:
-                        os.mkdir(parts[i - 1], 0o755, dir_fd=pfd)
-                    except FileExistsError:
-                        pass
-                    finally:
-                        os.close(pfd)
-                    fd = self._open(here, flags, write=True)
-                except OSError as exc:
-                    raise self._error("/" + here, exc, write=True) from None
-            except OSError as exc:
-                raise self._error("/" + here, exc, write=True) from None
-            if i == len(parts):
-                return fd
-            os.close(fd)
-        raise HostError(f"{host_dir}: cannot be created")  # pragma: no cover (parts is never empty here)
-
-    def write_file_atomic(self, host_path: str, data: bytes, mode: int = 0o644) -> None:
-        """Create or replace a regular file crash-safely: temp file, fsync, rename, fsync dir.
-
-        The folder is resolved beneath the root (missing ones created); the file itself must be
-        a regular file or absent: a symlink there is refused, not followed or replaced.
-        """
-        rel = self._rel(host_path)
-        if not rel:
-            raise HostError(f"{host_path}: not a file")
-        parent, _, name = rel.rpartition("/")
-        dfd = self._dir_for_write("/" + parent, create=True, for_path=host_path)
-        tmp = ""
-        try:
-            try:
-                st = os.stat(name, dir_fd=dfd, follow_symlinks=False)
-            except FileNotFoundError:
-                st = None
-            if st is not None and stat.S_ISLNK(st.st_mode):
-                target = os.readlink(name, dir_fd=dfd)
-                raise HostError(f"{host_path}: not written: it is a symlink (-> {target}); only a regular "
-                                "file is replaced", errno.ELOOP)
-            if st is not None and stat.S_ISDIR(st.st_mode):
-                raise HostError(f"{host_path}: is a directory, expected a file", errno.EISDIR)
-            if st is not None:
-                self._one_name(host_path, st)
-            for _ in range(100):
-                tmp = f".{name}.{os.urandom(6).hex()}"
-                try:
-                    fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW | O_CLOEXEC,
-                                 0o600, dir_fd=dfd)
-                    break
-                except FileExistsError:
-                    continue
-            else:  # pragma: no cover
-                raise OSError(errno.EEXIST, "no free temporary name")
-            try:
-                view = memoryview(data)
-                while view:
-                    view = view[os.write(fd, view):]
-                os.fsync(fd)
-                os.fchmod(fd, mode)
-            finally:
-                os.close(fd)
-            os.replace(tmp, name, src_dir_fd=dfd, dst_dir_fd=dfd)
-            tmp = ""
-            os.fsync(dfd)
-        except OSError as exc:
-            raise self._error(host_path, exc, write=True) from None
-        finally:
-            if tmp:
-                try:
-                    os.unlink(tmp, dir_fd=dfd)
-                except OSError:
-                    pass
-            os.close(dfd)
-
-    def open_lock_file(self, host_path: str) -> int:
-        """A read-write descriptor of a lock file (created 0600, with its folders), beneath the
-        root. The caller closes it. Raises HostError."""
-        rel = self._rel(host_path)
-        parent = rel.rpartition("/")[0]
-        os.close(self._dir_for_write("/" + parent, create=True, for_path=host_path))
-        try:
-            fd = self._open(rel, os.O_RDWR | os.O_CREAT | os.O_NONBLOCK | os.O_NOCTTY, 0o600, write=True)
-        except OSError as exc:
-            raise self._error(host_path, exc, write=True) from None
-        try:
-            self._one_name(host_path, os.fstat(fd))
-        except BaseException:
-            os.close(fd)
-            raise
-        return fd
-
-    def remove_temporaries(self, host_path: str) -> list[str]:
-        """Remove what an interrupted :meth:`write_file_atomic` of ``host_path`` left beside it
-        (``.<name>.<hex>``, a regular file): the caller holds the lock that serialises those
-        writes. Returns the host paths removed."""
-        parent, _, name = self._rel(host_path).rpartition("/")
-        return self.remove_temporaries_in("/" + parent, {name})
-
-    def remove_temporaries_in(self, host_dir: str, names: set[str]) -> list[str]:
-        """:meth:`remove_temporaries` for the files ``names`` of one folder, in one listing of it."""
-        parent = self._rel(host_dir)
-        try:
-            dfd = self._dir_for_write("/" + parent, create=False, for_path=host_dir)
-        except (FileNotFoundError, NotADirectoryError):
-            return []
-        removed = []
-        try:
-            for n in os.listdir(dfd):
-                m = _TEMP_RE.fullmatch(n)
-                if m is None or m.group("name") not in names:
-                    continue
-                try:
-                    if stat.S_ISREG(os.stat(n, dir_fd=dfd, follow_symlinks=False).st_mode):
-                        os.unlink(n, dir_fd=dfd)
-                        removed.append(f"/{parent}/{n}" if parent else f"/{n}")
-                except FileNotFoundError:
-                    pass
-        except OSError as exc:
-            raise self._error(host_dir, exc, write=True) from None
-        finally:
-            os.close(dfd)
-        return removed
-
-    def remove(self, host_path: str) -> None:
-        """Remove a file (a symlink there is removed itself, never followed)."""
-        rel = self._rel(host_path)
-        parent, _, name = rel.rpartition("/")
-        try:
-            dfd = self._dir_for_write("/" + parent, create=False, for_path=host_path)
-        except FileNotFoundError:
-            return
-        try:
-            os.unlink(name, dir_fd=dfd)
-        except FileNotFoundError:
-            pass
-        except OSError as exc:
-            raise self._error(host_path, exc, write=True) from None
-        finally:
-            os.close(dfd)
-
-    def rmdir_if_empty(self, host_path: str) -> bool:
-        """Remove an empty folder (one the tool created); leave it when anything is in it."""
-        rel = self._rel(host_path)
-        parent, _, name = rel.rpartition("/")
-        try:
-            dfd = self._dir_for_write("/" + parent, create=False)
-        except FileNotFoundError:
-            return True
-        except HostError:
-            return False
-        try:
-            os.rmdir(name, dir_fd=dfd)
-            return True
-        except FileNotFoundError:
-            return True
-        except OSError:
-            return False
-        finally:
-            os.close(dfd)

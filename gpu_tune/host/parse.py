@@ -6,6 +6,8 @@ import re
 from dataclasses import dataclass
 from typing import Iterable
 
+from gpu_tune.host.numbers import MAX_DIGITS, Unreadable, shown, uint, uint_or_none
+
 
 class ParseError(ValueError):
     pass
@@ -198,9 +200,10 @@ def parse_interrupts(text: str | Iterable[str]) -> dict[str, IrqLine]:
         total = 0
         n = 0
         for c in counts:
-            if not c.isdigit():
+            count = uint_or_none(c)
+            if count is None:
                 break
-            total += int(c)
+            total += count
             n += 1
         rest = fields[1 + n:]
         chip = rest[0] if rest else ""
@@ -219,30 +222,57 @@ def irqs_named(lines: dict[str, IrqLine], device: str) -> list[int]:
     """The IRQs whose handler is ``device`` or one of its queues (``device-...``), e.g. the
     ``virtio2``, ``virtio2-config``, ``virtio2-input.0`` lines of a virtio device."""
     prefix = device + "-"
-    return sorted(int(ln.irq) for ln in lines.values() if ln.irq.isdigit()
+    return sorted(int(ln.irq) for ln in lines.values() if uint_or_none(ln.irq) is not None
                   and any(n == device or n.startswith(prefix) for n in ln.names))
 
 
 # -- PCIe link speed: "16.0 GT/s PCIe" -> gen 4 -------------------------------------------------
 _GTS_TO_GEN = {2.5: 1, 5.0: 2, 8.0: 3, 16.0: 4, 32.0: 5, 64.0: 6, 128.0: 7}
-_SPEED_RE = re.compile(r"([0-9.]+)\s*GT/s")
+_SPEED_RE = re.compile(r"([0-9]{1,4}(?:\.[0-9]{1,3})?) ?GT/s(?: PCIe)?")
+# what the kernel writes for a link it cannot tell the speed of (pci_speed_string)
+_UNKNOWN_SPEED = ("Unknown", "Unknown speed")
+
+
+def link_speed_gen(text: str | None) -> int | None:
+    """PCIe generation from a sysfs link speed (``32.0 GT/s PCIe``; older kernels: ``5 GT/s``),
+    strictly: None for no file or the kernel's ``Unknown``; :class:`~gpu_tune.host.numbers.Unreadable`
+    for text the kernel does not write."""
+    if text is None:
+        return None
+    t = text.strip()
+    if t in _UNKNOWN_SPEED:
+        return None
+    m = _SPEED_RE.fullmatch(t)
+    gen = _GTS_TO_GEN.get(float(m.group(1))) if m else None
+    if gen is None:
+        raise Unreadable(f"{shown(t)} is not a PCIe link speed")
+    return gen
+
+
+def link_width(text: str | None) -> int | None:
+    """Lanes from a sysfs link width (``16``; some kernels ``x16``), strictly: 0 (no link) and a
+    missing file are None; anything but 1-3 ASCII digits is :class:`~gpu_tune.host.numbers.Unreadable`."""
+    if text is None:
+        return None
+    t = text.strip()
+    n = uint(t[1:] if t.startswith("x") else t, max_digits=3, what="a PCIe link width")
+    return n or None
 
 
 def parse_link_speed(text: str | None) -> int | None:
-    """PCIe generation from a sysfs link speed (``32.0 GT/s PCIe``); None when unknown."""
-    if not text:
+    """:func:`link_speed_gen`, with text it cannot read as None (the topology's view)."""
+    try:
+        return link_speed_gen(text)
+    except Unreadable:
         return None
-    m = _SPEED_RE.search(text)
-    if not m:
-        return None
-    return _GTS_TO_GEN.get(float(m.group(1)))
 
 
 def parse_link_width(text: str | None) -> int | None:
-    if not text:
+    """:func:`link_width`, with text it cannot read as None (the topology's view)."""
+    try:
+        return link_width(text)
+    except Unreadable:
         return None
-    t = text.strip().lstrip("x")
-    return int(t) if t.isdigit() and int(t) > 0 else None
 
 
 # -- meminfo ------------------------------------------------------------------------------------
@@ -255,16 +285,22 @@ def parse_meminfo(text: str) -> dict[str, int]:
         k, v = line.split(":", 1)
         k = k.split()[-1]  # "Node 0 MemTotal" -> "MemTotal"
         num = v.split()
-        if num and num[0].isdigit():
-            out[k] = int(num[0])
+        value = uint_or_none(num[0]) if num else None
+        if value is not None:
+            out[k] = value
     return out
 
 
 def parse_int(text: str | None, default: int | None = None) -> int | None:
+    """An integer as the kernel writes one (``-1``, ``0x10de``); ``default`` for anything else,
+    digits that are not ASCII (``int()`` reads ``'٧'`` as 7) and overlong ones included."""
     if text is None:
         return default
+    t = text.strip()
+    if not t.isascii() or len(t) > 2 + MAX_DIGITS:
+        return default
     try:
-        return int(text.strip(), 0)
+        return int(t, 0)
     except ValueError:
         return default
 
@@ -291,7 +327,10 @@ def parse_limits(text: str) -> dict[str, Rlimit]:
         name, soft, hard, units = m.groups()
 
         def val(v: str) -> int | None:
-            return None if v == "unlimited" else int(v) if v.isdigit() else -1
+            if v == "unlimited":
+                return None
+            n = uint_or_none(v)
+            return -1 if n is None else n
 
         s, h = val(soft), val(hard)
         if s == -1 or h == -1:

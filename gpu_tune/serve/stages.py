@@ -72,7 +72,8 @@ class Stages:
     gain: Callable[[Any], Any] | None = None
     # ``health(gpu_docs, topology_doc, clear_tokens) -> (HostHealth, HealthView, Expect)``: the host's
     # health files (kernel log, AER, InfiniBand), what is remembered across passes and what a healthy
-    # node of this kind has (docs/health.md). None: only what the GPU backend says is judged.
+    # node of this kind has (docs/health.md). None: only what the GPU backend says is judged. When it
+    # raises (or does not return in time) the pass fails closed: the fatal check gpu.health.
     health: Callable[..., Any] | None = None
     # ``revert_pending() -> rows``: the recorded originals not back in place, read only (what an
     # agent that never writes the host reports when a revert is asked of it).
@@ -176,8 +177,10 @@ def default_stages(options: ServeOptions) -> Stages:
         from gpu_tune.judge import probe as _probe
         from gpu_tune.judge.checks.expect import device_ids, expectations
 
+        from gpu_tune.judge.checks.network import named_ports
+
         infos = [g if isinstance(g, GpuInfo) else GpuInfo.from_dict(g) for g in gpu_docs or ()]
-        host, view = monitor.read(infos, topology_doc, clear_tokens=clear_tokens)
+        host, view = monitor.read(infos, topology_doc, clear_tokens=clear_tokens, ib_named=named_ports(profile))
         if "b" not in baselines_cache:
             baselines_cache["b"] = _probe.load_baselines(policy_dir)
         return host, view, expectations(profile, baselines_cache["b"], infos, device_ids=device_ids(topology_doc))

@@ -23,6 +23,7 @@ from gpu_tune.judge.checks.presence import Presence
 from gpu_tune.judge.checks.probe import Probe
 from gpu_tune.judge.checks.readings import Readings
 from gpu_tune.judge.checks.recovery import Recovery
+from gpu_tune.judge.checks.stage import HealthStage
 from gpu_tune.judge.checks.thermal import Thermal
 from gpu_tune.judge.checks.tuning import Tuning
 from gpu_tune.judge.checks.xid import Xid
@@ -31,6 +32,7 @@ from gpu_tune.judge.checks.xid import Xid
 REGISTRY: tuple[Family, ...] = (
     Tuning(),
     Presence(),
+    HealthStage(),
     Readings(),
     Xid(),
     Recovery(),

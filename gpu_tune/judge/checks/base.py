@@ -20,8 +20,9 @@ from gpu_tune.gpu.base import GpuInfo
 FATAL = "fatal"
 WARNING = "warning"
 
-# Most urgent first (docs/health.md "Urgency").
-CATEGORIES = ("presence", "recovery", "memory", "fabric", "network", "pcie", "device_plugin", "thermal",
+# Most urgent first (docs/health.md "Urgency"). "health": the health readings could not be taken
+# (gpu.health): right after a lost GPU, as it may hide any fault below it; not the hardware's own.
+CATEGORIES = ("presence", "health", "recovery", "memory", "fabric", "network", "pcie", "device_plugin", "thermal",
               "driver", "probe", "tuning", "pending", "publish")
 # The categories that are the hardware's own (what a node auto-repair controller acts on: the
 # hardware condition, docs/health.md "Node auto-repair").
@@ -63,6 +64,11 @@ class Expect:
     nvlink_active_per_gpu: int | None = None
     ib_ports: int | tuple[str, ...] | None = None
     ib_rate_gbps: float | None = None
+    # the GPU model's compute ports (policies/baselines.yaml): at least ib_default_ports of the
+    # expected ports at ib_default_rate_gbps; used where the profile sets no ib_rate_gbps
+    ib_default_rate_gbps: float | None = None
+    ib_default_ports: int | None = None
+    ib_default_source: str = ""
     source: str = ""  # where the figures come from, for details
 
 

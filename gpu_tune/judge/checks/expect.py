@@ -27,9 +27,13 @@ def expectations(profile: Any, baselines: Any, gpus: Sequence[GpuInfo], *, devic
     if model is not None and (model[1].applies_to == "any" or fabric):
         name, e = model
         base = {k: getattr(e, k) for k in ("gpus", "nvlink_active_per_gpu") if getattr(e, k) is not None}
+        where = f"policies/baselines.yaml for {name}" + (" on an NVSwitch baseboard" if fabric else "")
         if base:
             figs.update(base)
-            sources.append(f"policies/baselines.yaml for {name}" + (" on an NVSwitch baseboard" if fabric else ""))
+            sources.append(where)
+        if e.ib_rate_gbps is not None:
+            figs.update(ib_default_rate_gbps=e.ib_rate_gbps, ib_default_ports=e.ib_ports_at_rate,
+                        ib_default_source=where)
     if want is not None:
         mine = {k: getattr(want, k) for k in ("gpus", "nvlink_active_per_gpu", "ib_ports", "ib_rate_gbps")
                 if getattr(want, k) is not None}

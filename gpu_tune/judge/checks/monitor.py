@@ -43,8 +43,10 @@ class HealthMonitor:
         self._noted: dict[tuple[str, str, int], XidSighting] = {}
 
     def read(self, gpus: Sequence[GpuInfo], topology: Mapping[str, Any] | None = None, *,
-             clear_tokens: Iterable[str] = ()) -> tuple[HostHealth, HealthView]:
-        host = read_host_health(self.fs, self.log, gpu_bus_ids(gpus, topology), rank=sighting_rank)
+             clear_tokens: Iterable[str] = (), ib_named: Iterable[str] = ()) -> tuple[HostHealth, HealthView]:
+        """``ib_named``: the InfiniBand ports a profile names (read first, whatever the bounds)."""
+        host = read_host_health(self.fs, self.log, gpu_bus_ids(gpus, topology), rank=sighting_rank,
+                                ib_named=ib_named)
         host = self._this_boot(host)
         view = self.state.observe(host, gpus, clear_tokens=clear_tokens)
         return host, view

@@ -9,6 +9,10 @@
   agent's window (lanes x the link's rate x a bit error rate of 1e-12 per minute: about 0.96 per
   lane per minute at Gen4, 1.92 at Gen5), or the kernel counted non-fatal uncorrectable AER
   errors. ``gpu-tune check`` (one reading) reports the counters and leaves the rate to the agent.
+
+A file that is there but holds what the kernel never writes (``TOTAL_ERR_FATAL ²``, a link width
+of 5,000 digits) is ``unreadable: <path>``: in ``gpu.pcie`` for the fatal AER counter and the link
+files (the link cannot be judged: never a pass), in ``gpu.pcie_errors`` for the others.
 """
 
 from __future__ import annotations
@@ -129,7 +133,16 @@ class Pcie(Family):
             if above is not None:
                 notes.append(f"GPU {g.index} is Gen{above}-capable in a Gen{top} link (its slot or host): judged "
                              f"against Gen{top}")
-            aer = host.aer_of((g.pci_bus_id or "").lower()) if host is not None else None
+            bus = (g.pci_bus_id or "").lower()
+            aer = host.aer_of(bus) if host is not None else None
+            unreadable = list(host.pcie_problems(bus)) if host is not None and hasattr(host, "pcie_problems") else []
+            if aer is not None and aer.problem("fatal"):
+                unreadable.append(aer.problem("fatal"))
+            if unreadable:
+                bad.setdefault(g.index, []).append("; ".join(unreadable) + ": not judged")
+            for kind in ("nonfatal", "correctable"):
+                if aer is not None and aer.problem(kind):
+                    warn.setdefault(g.index, []).append(aer.problem(kind))
             if aer is not None and aer.fatal:
                 bad.setdefault(g.index, []).append(
                     f"{aer.fatal} fatal uncorrectable PCIe error(s) since boot (AER): drain the node, reboot, and "

@@ -16,13 +16,24 @@ In memory only (the agent's own readings over time; ``gpu-tune check`` has one r
 - PCIe replay counter readings per GPU over the same window (a rate);
 - InfiniBand ports' ``link_downed`` counters and states between passes (flaps).
 
-A state file this tool cannot have written (not JSON, not a regular file, too large) is set aside:
-its reason is a warning of the ``gpu.xid`` check and a new file is started.
+A state file this tool cannot have written (:mod:`gpu_tune.judge.checks.state_file`) is set aside
+(renamed to ``health.json.bad``): its reason is a warning of the ``gpu.health_state`` check and a
+new file is started.
+
+What this process has seen in this boot is kept in memory too, whatever the disk does: a state
+folder that is full, or a file that cannot be written, loses nothing while the process runs (the
+agent reads the kernel log once, so the disk is not where it would find an XID again); the
+``gpu.health_state`` warning says what could not be saved.
+
+The boot: fatal XIDs and clears belong to one boot. When the boot cannot be known (no readable
+boot id, or one that changes under a running process, which no real reboot does) nothing is
+cleared and nothing is forgotten: an older boot's clear never hides this boot's XID.
 """
 
 from __future__ import annotations
 
-import json
+import copy
+import errno
 import time
 from collections import deque
 from dataclasses import dataclass, field
@@ -30,14 +41,14 @@ from typing import Any, Iterable, Mapping, Sequence
 
 from gpu_tune.errors import HostError
 from gpu_tune.gpu.base import GpuInfo
+from gpu_tune.judge.checks import state_file
 from gpu_tune.judge.checks.catalog import catalog
+from gpu_tune.judge.checks.state_file import (HEALTH_LOCK, HEALTH_STATE, MAX_BOOTS, MAX_HISTORY, MAX_RECORDS,
+                                              MAX_COUNT, MAX_TOKENS, MAX_WORDS, STATE_CAP, bus_key)
 
-HEALTH_STATE = "/var/lib/gpu-tune/health.json"
-HEALTH_LOCK = "/var/lib/gpu-tune/.health.lock"
-STATE_CAP = 4 << 20
-MAX_RECORDS = 512  # fatal (S)XID records kept per boot
-MAX_BOOTS = 8  # boots remembered per fatal XID
-MAX_HISTORY = 512
+__all__ = ["ESCALATE_BOOTS", "HEALTH_LOCK", "HEALTH_STATE", "MAX_BOOTS", "MAX_HISTORY", "MAX_RECORDS", "STATE_CAP",
+           "ClearResult", "HealthState", "HealthView", "ReplayRate", "XidRecord"]
+
 ESCALATE_BOOTS = 3  # seen in this many boots: inspect the hardware
 WINDOW_MINUTES = 10
 FLAP_WINDOW_S = 3600.0
@@ -85,13 +96,22 @@ class HealthView:
     minutes_observed: Mapping[int, int] = field(default_factory=dict)  # GPU -> minutes with a reading
     replay_rates: Mapping[int, ReplayRate] = field(default_factory=dict)
     ib_flaps: Mapping[str, int] = field(default_factory=dict)  # port -> flaps within FLAP_WINDOW_S
-    state_error: str | None = None  # the state file could not be used (a new one was started)
+    state_error: str | None = None  # the state file could not be used (set aside, a new one was started)
+    save_error: str | None = None  # the state could not be written: what this process saw is kept in memory
+    unsaved: tuple[str, ...] = ()  # the fatal XIDs, in words, that are in memory only
+    boot_note: str | None = None  # the boot cannot be known: no clear applies, nothing is forgotten
 
 
-def _bus_key(bus: str) -> str:
-    """An XID names ``0000:1b:00`` (no function); GPUs are ``0000:1b:00.0``: compare without it."""
-    b = bus.lower()
-    return b.rsplit(".", 1)[0] if b.count(":") == 2 and "." in b.rsplit(":", 1)[1] else b
+@dataclass(frozen=True)
+class ClearResult:
+    """What ``set-healthy`` did: the records cleared (in words), or why nothing was."""
+
+    cleared: tuple[str, ...] = ()
+    error: str | None = None  # nothing was saved: the node stays as it was
+    note: str | None = None  # the state file was set aside first
+
+
+_bus_key = bus_key
 
 
 class HealthState:
@@ -104,44 +124,39 @@ class HealthState:
         self._replays: dict[int, deque[tuple[float, int]]] = {}
         self._ib: dict[str, tuple[bool, int | None]] = {}
         self._flaps: dict[str, deque[float]] = {}
+        self._mem: dict[str, Any] | None = None  # the document, where nothing is kept on disk
+        self._first_boot: str | None = None  # the boot id this process read first
+        self._kept: dict[str, dict[str, Any]] = {}  # this process's fatal records of its boot
+        self.aside_note: str | None = None  # the last save set a symlink aside first
 
     # -- disk ------------------------------------------------------------------------------
     def _empty(self, boot_id: str | None) -> dict[str, Any]:
-        return {"version": 1, "boot_id": boot_id, "records": {}, "cleared": {}, "history": {},
-                "nvml_baseline": {}, "applied_tokens": [], "cleared_words": []}
+        return state_file.empty(boot_id)
 
     def load(self) -> tuple[dict[str, Any], str | None]:
         if self.fs is None:
-            return getattr(self, "_mem", None) or self._empty(None), None
-        try:
-            text = self.fs.read_optional(HEALTH_STATE, limit=STATE_CAP)
-        except HostError as exc:
-            return self._empty(None), f"{HEALTH_STATE}: {exc}; a new one is started"
-        if not text:
-            return self._empty(None), None
-        try:
-            doc = json.loads(text)
-            if not isinstance(doc, dict) or doc.get("version") != 1 or not isinstance(doc.get("records"), dict):
-                raise ValueError("not a health state of this tool")
-            for key in ("cleared", "history", "nvml_baseline"):
-                if not isinstance(doc.get(key, {}), dict):
-                    raise ValueError(f"{key} is not an object")
-        except (ValueError, RecursionError) as exc:
-            return self._empty(None), f"{HEALTH_STATE}: {str(exc)[:120]}; a new one is started"
-        for key, empty in self._empty(None).items():
-            doc.setdefault(key, empty)
-        return doc, None
+            return copy.deepcopy(self._mem) if self._mem is not None else self._empty(None), None
+        return state_file.load(self.fs)
 
     def save(self, doc: dict[str, Any]) -> str | None:
         if self.fs is None:
-            self._mem = doc
+            self._mem = copy.deepcopy(doc)
             return None
         try:
-            self.fs.write_file_atomic(HEALTH_STATE, (json.dumps(doc, indent=1, sort_keys=True) + "\n").encode(),
-                                      mode=0o644)
-        except HostError as exc:
-            return f"{HEALTH_STATE} not written: {exc}"
-        return None
+            data = state_file.dump(doc)
+            state_file.parse(data.decode())  # never a file the reader would set aside
+        except ValueError as exc:
+            return f"{HEALTH_STATE} not written: the state does not fit the file's form ({exc})"
+        for attempt in (1, 2):
+            try:
+                self.fs.write_file_atomic(HEALTH_STATE, data, mode=0o644)
+                return None
+            except HostError as exc:
+                if attempt == 1 and exc.errno == errno.ELOOP:  # a symlink the reader could not follow
+                    self.aside_note = state_file.set_aside(self.fs, "a symlink")
+                    continue
+                return f"{HEALTH_STATE} not written: {str(exc).removeprefix(HEALTH_STATE + ': ')}"
+        return None  # pragma: no cover
 
     def _locked(self):
         """An exclusive lock on the state folder's lock file (None where it cannot be had)."""
@@ -166,40 +181,90 @@ class HealthState:
 
         return held()
 
+    def _boot(self, host: Any) -> tuple[str | None, str | None]:
+        """(this boot's id, None), or (None, why the boot cannot be known)."""
+        read = getattr(host, "boot_id", None) if host is not None else None
+        if read and self._first_boot is None:
+            self._first_boot = read
+        if not read:
+            why = getattr(host, "boot_problem", None) if host is not None else "the host was not read"
+            return None, (f"the boot id cannot be read ({why or 'not there'}): no clear applies and no fatal XID "
+                          "is forgotten")
+        if read != self._first_boot:
+            return None, (f"the boot id changed while this process runs ({self._first_boot} -> {read}), which no "
+                          "reboot does: the boot cannot be known, no clear applies and no fatal XID is forgotten")
+        return read, None
+
+    @staticmethod
+    def _new_boot(doc: dict[str, Any], boot: str) -> dict[str, Any]:
+        """A new boot: what the last one saw is history only."""
+        fresh = state_file.empty(boot)
+        fresh["history"], fresh["applied_tokens"] = doc.get("history", {}), doc.get("applied_tokens", [])
+        return fresh
+
     # -- one pass --------------------------------------------------------------------------
     def observe(self, host: Any, gpus: Sequence[GpuInfo], *, clear_tokens: Iterable[str] = ()) -> HealthView:
         """Take this pass's readings in (``host``: a HostHealth, or None when not read) and say
         what is remembered. ``clear_tokens``: values of the Node's set-healthy label."""
         now = self.clock()
+        boot, boot_note = self._boot(host)
         with self._locked():
             doc, err = self.load()
-            before = json.dumps(doc, sort_keys=True)
-            boot = getattr(host, "boot_id", None) or doc.get("boot_id")
-            if boot and doc.get("boot_id") != boot:
-                history, tokens = doc.get("history", {}), doc.get("applied_tokens", [])
-                doc = self._empty(boot)  # a new boot: what the last one saw is history only
-                doc["history"], doc["applied_tokens"] = history, tokens
+            before = state_file.dump(doc)
+            if boot is not None and doc.get("boot_id") != boot:
+                doc = self._new_boot(doc, boot)
+            # what this process has seen in this boot, whatever the disk kept (a full disk, a file
+            # set aside, another process that read another boot id): never forgotten, unless cleared
+            for key, r in self._kept.items():
+                if key in doc["records"] or len(doc["records"]) >= MAX_RECORDS:
+                    continue
+                if boot is not None and self._is_cleared(doc, r["bus"], r.get("last_usec"), r["first_seen"]):
+                    continue
+                doc["records"][key] = dict(r)
             for token in clear_tokens:
-                if token and token not in doc["applied_tokens"]:
-                    self._clear(doc, None, getattr(host, "uptime_usec", None), now, f"the Node's set-healthy label {token}")
-                    doc["applied_tokens"] = (doc["applied_tokens"] + [token])[-16:]
-            self._take_kernel(doc, host, now)
-            self._take_nvml(doc, gpus, now)
-            if json.dumps(doc, sort_keys=True) != before:
-                werr = self.save(doc)
-                err = err or werr
+                if not token or token in doc["applied_tokens"]:
+                    continue
+                if boot is None:
+                    boot_note = f"{boot_note}; the Node's set-healthy label {token} is not acted on"
+                    continue
+                self._clear(doc, None, getattr(host, "uptime_usec", None), now, f"the Node's set-healthy label {token}")
+                doc["applied_tokens"] = (doc["applied_tokens"] + [token])[-MAX_TOKENS:]
+            gpu_buses = frozenset(_bus_key(g.pci_bus_id) for g in gpus if g.pci_bus_id)
+            self._take_kernel(doc, host, now, clears=boot is not None, gpu_buses=gpu_buses)
+            self._take_nvml(doc, gpus, now, clears=boot is not None)
+            self.aside_note = None
+            werr = self.save(doc) if state_file.dump(doc) != before else None
+            err = err or self.aside_note
+        self._kept = {k: dict(r) for k, r in doc["records"].items()}
         self._take_windows(host, gpus, now)
-        return self._view(doc, err)
+        unsaved = tuple(f"{r['kind'].upper()} {r['code']} on {r['bus']}"
+                        for _, r in sorted(doc["records"].items())) if werr else ()
+        return self._view(doc, err, werr, unsaved, boot_note)
 
-    def clear(self, bus: str | None = None, *, uptime_usec: int | None, why: str) -> list[str]:
+    def clear(self, bus: str | None = None, *, uptime_usec: int | None, why: str) -> ClearResult:
         """Forget this boot's fatal XIDs (of one GPU's address, or all): an operator reset the GPU.
-        Returns the records cleared, in words."""
+        Refused when the boot cannot be known (a clear holds for one boot) or nothing can be saved."""
         now = self.clock()
+        boot = None
+        if self.fs is not None:
+            from gpu_tune.discover.sysfs_health import read_boot_id
+
+            got = read_boot_id(self.fs)
+            if got.value is None:
+                return ClearResult(error=f"nothing cleared: {got.problem}: a clear holds for one boot, and this "
+                                         "one cannot be known")
+            boot = got.value
         with self._locked():
-            doc, _ = self.load()
+            doc, err = self.load()
+            if boot is not None and doc.get("boot_id") != boot:
+                doc = self._new_boot(doc, boot)
             gone = self._clear(doc, bus, uptime_usec, now, why)
-            self.save(doc)
-        return gone
+            self.aside_note = None
+            werr = self.save(doc)
+            err = err or self.aside_note
+        if werr:
+            return ClearResult(error=f"nothing cleared: {werr}", note=err)
+        return ClearResult(cleared=tuple(gone), note=err)
 
     def _clear(self, doc: dict[str, Any], bus: str | None, uptime_usec: int | None, now: float, why: str) -> list[str]:
         key = _bus_key(bus) if bus else "*"
@@ -212,7 +277,7 @@ class HealthState:
                 gone.append(f"{r['kind'].upper()} {r['code']} on {r['bus']}")
                 del doc["records"][k]
         doc["cleared_words"] = (doc.get("cleared_words", []) + [
-            f"{why}: {', '.join(gone) if gone else 'nothing to clear'}"])[-4:]
+            f"{why}: {', '.join(gone) if gone else 'nothing to clear'}"[:4096]])[-MAX_WORDS:]
         return gone
 
     def _is_cleared(self, doc: dict[str, Any], bus: str, usec: int | None, seen: float) -> bool:
@@ -227,7 +292,8 @@ class HealthState:
         return False
 
     def _record(self, doc: dict[str, Any], kind: str, bus: str, code: int, count: int, first_usec: int | None,
-                last_usec: int | None, message: str, now: float, source: str) -> None:
+                last_usec: int | None, message: str, now: float, source: str,
+                gpu_buses: frozenset[str] = frozenset()) -> None:
         key = f"{kind}/{_bus_key(bus)}/{code}"
         boot = doc.get("boot_id") or ""
         hist = doc["history"].setdefault(key, [])
@@ -239,7 +305,7 @@ class HealthState:
                 del doc["history"][old]
         r = doc["records"].get(key)
         if r is None:
-            if len(doc["records"]) >= MAX_RECORDS:
+            if len(doc["records"]) >= MAX_RECORDS and not self._make_room(doc, bus, gpu_buses):
                 return
             doc["records"][key] = {"kind": kind, "bus": bus, "code": code, "count": count, "first_seen": now,
                                    "first_usec": first_usec, "last_usec": last_usec, "message": message[:240],
@@ -251,22 +317,36 @@ class HealthState:
                 # records include the ones already counted
                 r["count"] = max(int(r.get("count", 0)), count)
             else:
-                r["count"] = int(r.get("count", 0)) + count
+                r["count"] = min(int(r.get("count", 0)) + count, MAX_COUNT)
             if last_usec is not None and (prev_last is None or last_usec > int(prev_last)):
                 r["last_usec"] = last_usec
 
-    def _take_kernel(self, doc: dict[str, Any], host: Any, now: float) -> None:
+    @staticmethod
+    def _make_room(doc: dict[str, Any], bus: str, gpu_buses: frozenset[str]) -> bool:
+        """The records are full: a record of one of this host's GPUs takes the place of the oldest
+        one of an address where no GPU is (a flood of invented addresses never crowds out a GPU's)."""
+        if _bus_key(bus) not in gpu_buses:
+            return False
+        others = [(r["first_seen"], k) for k, r in doc["records"].items() if _bus_key(r["bus"]) not in gpu_buses]
+        if not others:
+            return False
+        del doc["records"][min(others)[1]]
+        return True
+
+    def _take_kernel(self, doc: dict[str, Any], host: Any, now: float, *, clears: bool = True,
+                     gpu_buses: frozenset[str] = frozenset()) -> None:
         cat = catalog()
         for s in getattr(host, "xids", ()) or ():
             entry = cat.xid(s.code) if s.kind == "xid" else cat.sxid(s.code)
             fatal = entry.fatal_for(s.message) if entry is not None else (s.kind == "sxid" and s.severity_word == "Fatal")
             if not fatal:
                 continue
-            if s.last_usec is not None and self._is_cleared(doc, s.bus, s.last_usec, now):
+            if clears and s.last_usec is not None and self._is_cleared(doc, s.bus, s.last_usec, now):
                 continue
-            self._record(doc, s.kind, s.bus, s.code, s.count, s.first_usec, s.last_usec, s.message, now, "kernel log")
+            self._record(doc, s.kind, s.bus, s.code, min(s.count, MAX_COUNT), s.first_usec, s.last_usec, s.message,
+                         now, "kernel log", gpu_buses)
 
-    def _take_nvml(self, doc: dict[str, Any], gpus: Sequence[GpuInfo], now: float) -> None:
+    def _take_nvml(self, doc: dict[str, Any], gpus: Sequence[GpuInfo], now: float, *, clears: bool = True) -> None:
         """XIDs from NVML's events (what the GPU backend saw while running, no kernel time): a
         code counts as new when it shows up more often than at the previous pass; a clear after
         that pass makes every one seen so far old."""
@@ -279,7 +359,7 @@ class HealthState:
             for code in g.xid_events:
                 counts[int(code)] = counts.get(int(code), 0) + 1
             bus = _bus_key(g.pci_bus_id)
-            cleared_at = max(float((doc["cleared"].get(k) or {}).get("epoch") or 0) for k in ("*", bus))
+            cleared_at = max(float((doc["cleared"].get(k) or {}).get("epoch") or 0) for k in ("*", bus)) if clears else 0.0
             for code, n in counts.items():
                 entry = cat.xid(code)
                 if entry is None or not entry.fatal:
@@ -329,7 +409,8 @@ class HealthState:
             while q2 and q2[0] < now - FLAP_WINDOW_S:
                 q2.popleft()
 
-    def _view(self, doc: dict[str, Any], err: str | None) -> HealthView:
+    def _view(self, doc: dict[str, Any], err: str | None, save_error: str | None = None, unsaved: tuple[str, ...] = (),
+              boot_note: str | None = None) -> HealthView:
         records = []
         for key, r in sorted(doc["records"].items()):
             boots = len(doc["history"].get(key, [])) or 1
@@ -348,4 +429,5 @@ class HealthState:
         flaps = {name: len(q) for name, q in self._flaps.items()}
         return HealthView(boot_id=doc.get("boot_id"), records=tuple(records),
                           cleared=tuple(doc.get("cleared_words", [])), slowdown_minutes=slow,
-                          minutes_observed=observed, replay_rates=rates, ib_flaps=flaps, state_error=err)
+                          minutes_observed=observed, replay_rates=rates, ib_flaps=flaps, state_error=err,
+                          save_error=save_error, unsaved=unsaved, boot_note=boot_note)

@@ -73,7 +73,7 @@ class Xid(Family):
     thresholds = ("an XID whose catalog action (xid_catalog.yaml) is reset_gpu, reboot or inspect_hw; a fatal "
                   f"SXid; the same fatal XID in {ESCALATE_BOOTS} boots: inspect_hw")
     remedy = "drain the node; reset the GPU or reboot as the catalog says; then `gpu-tune set-healthy`"
-    checks = ("gpu.xid", "nvswitch.sxid", "gpu.kernel_log", "gpu.xid_unknown", "gpu.health_state")
+    checks = ("gpu.xid", "nvswitch.sxid", "gpu.kernel_log", "gpu.xid_unknown")
 
     def evaluate(self, facts: Facts) -> list[Check]:
         view = facts.history
@@ -81,10 +81,6 @@ class Xid(Family):
         records = list(view.records) if view is not None else _from_events(facts)
         out: list[Check] = []
         log = getattr(host, "kernel_log", None)
-        trouble = [t for t in (facts.errors.get("health"), getattr(view, "state_error", None)) if t]
-        if trouble:
-            out.append(self.check("gpu.health_state", False, "; ".join(trouble) + ": fatal XIDs seen earlier in this "
-                                  "boot may be forgotten; see the agent log", "; ".join(trouble), severity=WARNING))
         if log is not None and log.error:
             out.append(self.check("gpu.kernel_log", False, f"{log.error}: XIDs logged while the agent does not run "
                                   "are not seen (docs/security.md: the audit pod needs CAP_SYSLOG)",

@@ -88,6 +88,10 @@ class HealthExpect(_Strict):
     # cloud VM with one GPU of the model, or a PCIe server, is not judged by the baseboard's figures;
     # any: wherever the model is found
     applies_to: Literal["nvswitch", "any"] = "nvswitch"
+    # the node's compute InfiniBand ports: at least ib_ports_at_rate of them at ib_rate_gbps
+    # (GPUd's "at least N ports at R Gb/s"); judged where a profile sets no ib_rate_gbps
+    ib_rate_gbps: float | None = Field(None, gt=0, le=100_000)
+    ib_ports_at_rate: int | None = Field(None, ge=1, le=256)
     source: str = ""
 
 

@@ -17,6 +17,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from gpu_tune.errors import InputError
+from gpu_tune.host.numbers import shown, uint_or_none
 from gpu_tune.host.parse import format_cpulist, parse_cpulist
 from gpu_tune.judge.probe.baselines import normalize_pci_device
 
@@ -140,9 +141,9 @@ def plan_targets(topology: Any, profile: Any, gpu_backend: Any, *, gpu: str | No
     if gpu is not None and gpu != "all":
         if device == "cpu":
             raise InputError(f"--gpu {gpu} with --device cpu: a CPU probe uses no GPU")
-        if not str(gpu).isdigit():
-            raise InputError(f"--gpu {gpu!r}: expected a GPU index or 'all'")
-        idx = int(gpu)
+        idx = uint_or_none(str(gpu), max_digits=4)
+        if idx is None:
+            raise InputError(f"--gpu {shown(str(gpu))}: expected a GPU index or 'all'")
         have = [g.gpu_index for g in gpus]
         if idx not in have:
             known = ", ".join(map(str, have)) or "none"

@@ -26,6 +26,7 @@ from typing import Any
 
 from gpu_tune.errors import HostError
 from gpu_tune.tune.model import Setting
+from gpu_tune.host.numbers import uint_or_none
 from gpu_tune.host.parse import parse_cmdline
 from gpu_tune.tune.knobs.base import Context, Knob, encode_raw, restore_file
 from gpu_tune.tune.knobs.cpu_governor import CPU_DIR, online_cpus
@@ -51,14 +52,14 @@ def kernel_cmdline(ctx: Context) -> dict[str, str]:
 def _read_states(ctx: Context, cpu: int) -> list[IdleState] | None:
     """The idle states of ``cpu`` (name, exit latency), or None without cpuidle."""
     base = f"{CPU_DIR}/cpu{cpu}/cpuidle"
-    names = [n for n in ctx.fs.listdir(base) if n.startswith("state") and n[5:].isdigit()]
+    names = [n for n in ctx.fs.listdir(base) if n.startswith("state") and uint_or_none(n[5:], max_digits=3) is not None]
     if not names:
         return None
     out = []
     for n in sorted(names, key=lambda n: int(n[5:])):
         name = ctx.fs.read_optional(f"{base}/{n}/name")
         lat = ctx.fs.read_optional(f"{base}/{n}/latency")
-        if name is None or lat is None or not lat.isdigit():
+        if name is None or lat is None or uint_or_none(lat) is None:
             raise HostError(f"{base}/{n}: unreadable name or latency")
         out.append(IdleState(int(n[5:]), name, int(lat)))
     return out

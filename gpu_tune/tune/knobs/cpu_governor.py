@@ -9,6 +9,7 @@ from __future__ import annotations
 
 from gpu_tune.errors import HostError
 from gpu_tune.tune.model import Setting
+from gpu_tune.host.numbers import uint_or_none
 from gpu_tune.host.parse import ParseError, parse_cpulist
 from gpu_tune.tune.knobs.base import Context, Knob
 
@@ -23,7 +24,8 @@ def online_cpus(ctx: Context) -> list[int]:
                 return sorted(parse_cpulist(text))
             except (ParseError, ValueError):
                 pass
-        return sorted(int(n[3:]) for n in ctx.fs.listdir(CPU_DIR) if n.startswith("cpu") and n[3:].isdigit())
+        ids = (uint_or_none(n[3:], max_digits=5) for n in ctx.fs.listdir(CPU_DIR) if n.startswith("cpu"))
+        return sorted(i for i in ids if i is not None)
 
     return ctx.cached("online_cpus", load)
 
