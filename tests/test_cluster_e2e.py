@@ -539,7 +539,9 @@ def test_without_cap_syslog_the_kernel_log_is_a_warning_naming_it(cluster):
 def test_a_fatal_xid_in_a_fixture_hosts_kernel_log_holds_the_node_until_it_reboots(cluster):
     """The agent on a fixture GPU host (the fixture backend and a generated 8-GPU host tree as its
     root, mounted into the pod): an XID 79 in that host's kernel log turns GPUHostReady False with
-    the XID named; the fixture's boot id changing (a reboot) makes it ready again."""
+    the XID named; a reboot (the fixture's boot id changed, and the agent started again, as a reboot
+    starts its pod again) makes it ready again. A boot id that changes under a running agent is not
+    a reboot: it clears nothing (tests/test_hostile_health.py)."""
     from tests.fixtures import hostgen
 
     shutil.rmtree(FIXTURE_HOST, ignore_errors=True)
@@ -592,6 +594,8 @@ def test_a_fatal_xid_in_a_fixture_hosts_kernel_log_holds_the_node_until_it_reboo
         (root / "dev/kmsg").write_text(hostgen.KMSG_BOOT)
         (root / "proc/sys/kernel/random/boot_id").write_text("3f1e2d3c-0000-4000-8000-00000000e2e0\n")
         t0 = time.monotonic()
+        (old,) = agent_pods(cluster, "gpu-tune-audit")
+        kubectl(cluster, "-n", NS, "delete", "pod", old["metadata"]["name"], "--wait=true", "--timeout=120s")
         seen: list = []
 
         def ready_again():
