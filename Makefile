@@ -116,8 +116,11 @@ slurm-tools:
 # As root with the Kubernetes binaries beside the clone (CI), the real-cluster tests must run: a
 # missing piece fails them instead of skipping them (tests/realkube/plugin.py).
 REQUIRE_CLUSTER := $(shell [ -d ../shared/kube ] && [ "$$(id -u)" = 0 ] && echo 1)
+# The suite mostly waits (for a node, a rollout, a probe): on a few workers it takes half the time;
+# tests/conftest.py keeps what shares this host's one node, podman store or Slurm on one worker.
+TEST_WORKERS ?= 3
 test: setup tools image-tools kube-tools slurm-tools
-	GPU_TUNE_REQUIRE_ALL=1 GPU_TUNE_REQUIRE_CLUSTER=$(REQUIRE_CLUSTER) $(BIN)/pytest -q
+	GPU_TUNE_REQUIRE_ALL=1 GPU_TUNE_REQUIRE_CLUSTER=$(REQUIRE_CLUSTER) $(BIN)/pytest -q -n $(TEST_WORKERS)
 
 bench: setup tools
 	@if [ "$$(id -u)" = 0 ] && command -v apt-get >/dev/null; then \

@@ -27,6 +27,41 @@ from tests.realslurm.plugin import _slurm_cluster, slurm  # noqa: E402,F401
 
 GPU_FIXTURES = REPO / "tests" / "fixtures" / "gpu"
 
+# `make test` runs the suite on several workers (pytest-xdist, `-n`). Each module runs whole on one
+# worker, so its module-scoped fixtures are made once; the modules that share this machine's one
+# Kubernetes node or write its kernel settings (the images' privileged containers too, and podman's
+# one store) run on one worker, one after the other, as do the real Slurm's. The longest of these
+# goes first, so the other workers run everything else beside it.
+XDIST_GROUPS = {
+    "test_image.py": "this-host", "test_image_gpu.py": "this-host", "test_cluster_e2e.py": "this-host",
+    "test_cluster_two_nodes.py": "this-host", "test_slurm.py": "slurm",
+}
+
+
+def _xdist_scope(nodeid: str) -> str:
+    path = nodeid.split("::", 1)[0]
+    return XDIST_GROUPS.get(path.rsplit("/", 1)[-1], path)
+
+
+def pytest_xdist_make_scheduler(config, log):  # noqa: ANN001
+    """Work units by module, and by the groups above (pytest-xdist's own xdist_group marks go through
+    a node id suffix that pytest 9.2 no longer takes)."""
+    from xdist.scheduler import LoadScopeScheduling
+
+    class ByModuleAndGroup(LoadScopeScheduling):
+        def _split_scope(self, nodeid: str) -> str:
+            return _xdist_scope(nodeid)
+
+    config.option.loadscopereorder = False  # the collection's order: the groups first (below)
+    return ByModuleAndGroup(config, log)
+
+
+def pytest_collection_modifyitems(config, items):  # noqa: ANN001
+    # the longest group first (its images and node take most of the run), then Slurm's; within a
+    # group the order stays the collection's
+    first = {"this-host": 0, "slurm": 1}
+    items.sort(key=lambda item: first.get(XDIST_GROUPS.get(item.path.name, ""), 2))
+
 
 @pytest.fixture
 def make_host(tmp_path):
@@ -59,7 +94,7 @@ def run_cli(*args: str, env: dict | None = None, timeout: float = 120, input: st
     full_env = {**os.environ, "PYTHONPATH": str(REPO)}
     for k in ("GPU_TUNE_ROOT", "GPU_TUNE_PROFILE", "GPU_TUNE_POLICY_DIR", "GPU_TUNE_GPU_BACKEND", "GPU_TUNE_GPU_FIXTURE"):
         full_env.pop(k, None)
-    full_env.setdefault("COLUMNS", "200")
+    full_env["COLUMNS"] = "200"  # whatever the terminal (or a pytest-xdist worker) says
     if env:
         full_env.update(env)
     return subprocess.run([sys.executable, "-m", "gpu_tune", *args], capture_output=True, text=True,

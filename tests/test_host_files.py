@@ -64,8 +64,15 @@ def _device(p: Path) -> str:
 def _socket(p: Path) -> str:
     p.unlink(missing_ok=True)
     s = socket.socket(socket.AF_UNIX)
-    s.bind(str(p))
-    s.close()
+    # bound by a name relative to its folder: a socket's path is at most 107 bytes, and a test's
+    # folder (a pytest-xdist worker's, deep in a fixture tree) may be longer
+    here = os.getcwd()
+    os.chdir(p.parent)
+    try:
+        s.bind(p.name)
+    finally:
+        os.chdir(here)
+        s.close()
     return "socket"
 
 

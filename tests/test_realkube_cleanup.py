@@ -154,7 +154,7 @@ def test_a_missing_piece_skips_unless_the_cluster_tests_are_required(monkeypatch
 def test_make_test_requires_the_cluster_tests_as_root_with_the_binaries_beside_the_clone():
     text = (REPO / "Makefile").read_text()
     assert "REQUIRE_CLUSTER := $(shell [ -d ../shared/kube ] && [ \"$$(id -u)\" = 0 ] && echo 1)" in text
-    assert "GPU_TUNE_REQUIRE_CLUSTER=$(REQUIRE_CLUSTER) $(BIN)/pytest -q" in text
+    assert "GPU_TUNE_REQUIRE_CLUSTER=$(REQUIRE_CLUSTER) $(BIN)/pytest -q " in text
 
 
 # -- cgroup v1, hybrid and v2: where the harness makes, reads and removes a node's cgroup ----------------
