@@ -22,39 +22,9 @@ from gpu_tune.judge.probe.baselines import load_baselines
 from gpu_tune.judge.readiness import verdict
 from gpu_tune.tune.policy import load_profile
 from tests.fixtures import hostgen
-
-XID79 = "3,{seq},{usec},-;NVRM: Xid (PCI:0000:5d:00): 79, pid='<unknown>', name=<unknown>, GPU has fallen off the bus.\n"
-HEALTH_ONLY = "include: training.yaml\nreadiness:\n  require_compliant: false\n"
+from tests.healthkit import HEALTH_ONLY, XID79, dgx_tree, gpu_json, host, policies  # noqa: F401 (fixtures)
 
 
-@pytest.fixture(scope="module")
-def dgx_tree(tmp_path_factory) -> Path:
-    return hostgen.build("dgx-8gpu", tmp_path_factory.mktemp("dgx") / "h")
-
-
-@pytest.fixture
-def host(dgx_tree, tmp_path):
-    root = tmp_path / "h"
-    shutil.copytree(dgx_tree, root, symlinks=True)
-    return root
-
-
-@pytest.fixture
-def policies(tmp_path):
-    d = tmp_path / "policies"
-    d.mkdir()
-    (d / "health.yaml").write_text(HEALTH_ONLY)
-    shutil.copy(Path(__file__).parents[1] / "policies" / "baselines.yaml", d)  # the GPU models' expectations
-    return d
-
-
-def gpu_json(tmp_path, edit=None) -> Path:
-    data = json.loads((Path(__file__).parent / "fixtures/gpu/dgx-8gpu.json").read_text())
-    if edit:
-        edit(data)
-    f = tmp_path / "gpus.json"
-    f.write_text(json.dumps(data))
-    return f
 
 
 def check(cli, root, fixture, policies, *extra):

@@ -9,7 +9,6 @@ from __future__ import annotations
 import errno
 import json
 import os
-import shutil
 from pathlib import Path
 
 import pytest
@@ -19,10 +18,8 @@ from gpu_tune.host.fs import HostFS
 from gpu_tune.serve.agent import Agent
 from gpu_tune.serve.options import ServeOptions
 from gpu_tune.serve.stages import default_stages
-from tests.fixtures import hostgen
+from tests.healthkit import GPU_FIXTURE, XID79, dgx_tree, health_policies, host  # noqa: F401 (fixtures)
 
-GPU_FIXTURE = Path(__file__).parent / "fixtures/gpu/dgx-8gpu.json"
-XID79 = "3,{seq},{usec},-;NVRM: Xid (PCI:0000:5d:00): 79, pid='<unknown>', name=<unknown>, GPU has fallen off the bus.\n"
 PROFILE = ("include: training.yaml\nreadiness:\n  require_compliant: false\n  require_probe: false\n")
 IB1 = "sys/devices/pci0000:20/0000:20:01.0/0000:29:00.0/infiniband/mlx5_1/ports/1"  # InfiniBand
 GPU3 = "sys/devices/pci0000:50/0000:50:01.0/0000:5d:00.0"
@@ -30,25 +27,9 @@ STATE = "var/lib/gpu-tune/health.json"
 BOOT = "proc/sys/kernel/random/boot_id"
 
 
-@pytest.fixture(scope="module")
-def dgx_tree(tmp_path_factory) -> Path:
-    return hostgen.build("dgx-8gpu", tmp_path_factory.mktemp("dgx") / "h")
-
-
 @pytest.fixture
-def host(dgx_tree, tmp_path):
-    root = tmp_path / "h"
-    shutil.copytree(dgx_tree, root, symlinks=True)
-    return root
-
-
-@pytest.fixture
-def policies(tmp_path):
-    d = tmp_path / "policies"
-    d.mkdir()
-    (d / "health.yaml").write_text(PROFILE)
-    shutil.copy(Path(__file__).parents[1] / "policies" / "baselines.yaml", d)
-    return d
+def policies(tmp_path) -> Path:
+    return health_policies(tmp_path / "policies", PROFILE)
 
 
 def faults(root: Path) -> None:
@@ -324,7 +305,7 @@ def test_an_aer_or_link_value_the_kernel_never_writes_is_unreadable_never_a_pass
     rc, out = check(cli, host, policies)
     assert rc == 1 and out["reason"] == "PcieDegraded", out["message"]
     pcie = by_name(out)["gpu.pcie"]["detail"]
-    assert f"unreadable: /sys/bus/pci/devices/0000:5d:00.0/aer_dev_fatal" in pcie, pcie
+    assert "unreadable: /sys/bus/pci/devices/0000:5d:00.0/aer_dev_fatal" in pcie, pcie
     assert "unreadable: /sys/bus/pci/devices/0000:ba:00.0/current_link_width" in pcie, pcie
     flaps = by_name(out)["network.link_flaps"]
     assert flaps["severity"] == "warning" and "unreadable: /sys/class/infiniband/mlx5_1/ports/1/counters/link_downed" \

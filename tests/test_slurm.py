@@ -20,14 +20,12 @@ import pytest
 from gpu_tune.slurm.decide import MAX_REASON
 from tests.conftest import run_cli
 from tests.fixtures import hostgen
+from tests.healthkit import GPU_FIXTURE, XID79, policies  # noqa: F401 (fixtures)
 from tests.realkube.plugin import record_timing
 from tests.realslurm.cluster import HEALTH_INTERVAL, NODE, wait_for
 
 pytestmark = pytest.mark.slow
 
-XID79 = "3,{seq},{usec},-;NVRM: Xid (PCI:0000:5d:00): 79, pid='<unknown>', name=<unknown>, GPU has fallen off the bus.\n"
-HEALTH_ONLY = "include: training.yaml\nreadiness:\n  require_compliant: false\n"
-GPUS = Path(__file__).parent / "fixtures" / "gpu" / "dgx-8gpu.json"
 # one health check pass may take a few seconds on a busy 2-CPU machine
 PASS_SLACK = 6.0
 
@@ -52,17 +50,8 @@ def host(dgx_tree) -> Path:
     return root
 
 
-@pytest.fixture
-def policies(tmp_path) -> Path:
-    d = tmp_path / "policies"
-    d.mkdir()
-    (d / "health.yaml").write_text(HEALTH_ONLY)
-    shutil.copy(Path(__file__).parents[1] / "policies" / "baselines.yaml", d)
-    return d
-
-
 def gpu_json(tmp_path: Path, drop: int | None = None) -> Path:
-    data = json.loads(GPUS.read_text())
+    data = json.loads(GPU_FIXTURE.read_text())
     if drop is not None:
         del data["gpus"][drop]
     f = tmp_path / "gpus.json"
