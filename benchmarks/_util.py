@@ -51,3 +51,16 @@ def time_process(argv: list[str], runs: int = 15, warmup: int = 2, ok_codes=(0, 
 
 def median_ms(xs: list[float]) -> float:
     return statistics.median(xs) * 1000.0
+
+
+def report(checks: dict[str, bool], as_json: bool, doc: dict) -> int:
+    """Print the figures (``doc`` with the checks, as JSON) or one PASS/FAIL line per check; the
+    exit code: 0 when every check holds."""
+    import json
+
+    if as_json:
+        print(json.dumps({**doc, "checks": checks}, indent=1))
+    else:
+        for k, ok in checks.items():
+            print(f"{'PASS' if ok else 'FAIL'}  {k}")
+    return 0 if all(checks.values()) else 1

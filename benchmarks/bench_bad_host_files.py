@@ -34,6 +34,8 @@ from typing import Callable
 REPO = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO))
 
+from benchmarks._util import report  # noqa: E402
+
 from tests.fixtures import hostgen  # noqa: E402
 
 ADDRESS_SPACE = 4 << 30
@@ -192,13 +194,7 @@ def main() -> int:
                 for r in results[1:]),
         "peak RSS within 20 MB of the clean host's": all(r["peak_rss_mb"] - base < 20 for r in results[1:]),
     }
-    if a.json:
-        print(json.dumps({"address_space_limit_bytes": ADDRESS_SPACE, "timeout_s": a.timeout, "results": results,
-                          "checks": checks}, indent=1))
-    else:
-        for k, ok in checks.items():
-            print(f"{'PASS' if ok else 'FAIL'}  {k}")
-    return 0 if all(checks.values()) else 1
+    return report(checks, a.json, {"address_space_limit_bytes": ADDRESS_SPACE, "timeout_s": a.timeout, "results": results})
 
 
 if __name__ == "__main__":

@@ -38,6 +38,8 @@ from pathlib import Path
 REPO = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO))
 
+from benchmarks._util import report  # noqa: E402
+
 from tests.fixtures import hostgen  # noqa: E402
 
 
@@ -166,12 +168,7 @@ def main() -> int:
     if "profiles-10k" in results:
         r = results["profiles-10k"]
         checks["profiles: under 15 s"] = r["exit"] == 0 and r["seconds"] < 15
-    if a.json:
-        print(json.dumps({"scale": a.scale, "results": results, "checks": checks}, indent=1))
-    else:
-        for k, ok in checks.items():
-            print(f"{'PASS' if ok else 'FAIL'}  {k}")
-    return 0 if all(checks.values()) else 1
+    return report(checks, a.json, {"scale": a.scale, "results": results})
 
 
 if __name__ == "__main__":

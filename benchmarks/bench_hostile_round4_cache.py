@@ -32,7 +32,6 @@ faults as they were: the upkeep figures are then left out.
 from __future__ import annotations
 
 import argparse
-import json
 import os
 import shutil
 import subprocess
@@ -44,6 +43,8 @@ from pathlib import Path
 REPO = Path(__file__).resolve().parents[1]
 if str(REPO) not in sys.path:
     sys.path.insert(0, str(REPO))
+
+from benchmarks._util import report  # noqa: E402
 
 from gpu_tune.judge import probe  # noqa: E402
 from gpu_tune.judge.probe.plan import ProbeTarget  # noqa: E402
@@ -210,12 +211,7 @@ def main() -> int:
     if "bound" in results:
         checks["bound: upkeep under 2 s with every entry looked at"] = (results["bound"]["sound"]
                                                                           and results["bound"]["upkeep_ms"] < 2000)
-    if a.json:
-        print(json.dumps({"results": results, "checks": checks}, indent=1))
-    else:
-        for k, ok in checks.items():
-            print(f"{'PASS' if ok else 'FAIL'}  {k}")
-    return 0 if all(checks.values()) else 1
+    return report(checks, a.json, {"results": results})
 
 
 if __name__ == "__main__":

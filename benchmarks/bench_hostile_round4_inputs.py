@@ -32,11 +32,12 @@ import os
 import shutil
 import sys
 import tempfile
-import time
 from pathlib import Path
 
 REPO = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO))
+
+from benchmarks._util import report  # noqa: E402
 
 from benchmarks.bench_hostile_round3 import _run  # noqa: E402
 from tests.fixtures import hostgen  # noqa: E402
@@ -219,12 +220,7 @@ def main() -> int:
             checks[f"{name}: the down mlx5_7 fails the node"] = r["names_mlx5_7"]
         if "set_aside" in r:
             checks[f"{name}: set aside"] = r["set_aside"]
-    if a.json:
-        print(json.dumps({"scale": a.scale, "results": results, "checks": checks}, indent=1))
-    else:
-        for k, ok in checks.items():
-            print(f"{'PASS' if ok else 'FAIL'}  {k}")
-    return 0 if all(checks.values()) else 1
+    return report(checks, a.json, {"scale": a.scale, "results": results})
 
 
 if __name__ == "__main__":

@@ -45,6 +45,8 @@ from pathlib import Path
 REPO = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO))
 
+from benchmarks._util import report  # noqa: E402
+
 from tests.fixtures import hostgen  # noqa: E402
 
 FIXTURE = REPO / "tests" / "fixtures" / "gpu" / "dgx-8gpu.json"
@@ -227,13 +229,7 @@ def main() -> int:
                       f"{ip['sightings']} sightings kept, {ip['dropped']:,} dropped, {ip['foreign']:,} foreign, "
                       f"{ip['skipped']:,} older lines and {ip['skipped_bytes'] / 1e6:,.0f} MB skipped", flush=True)
     shutil.rmtree(dgx.parent, ignore_errors=True)
-    if a.json:
-        print(json.dumps({"scale": a.scale, "runs": a.runs, "code": str(a.code), "results": results,
-                          "checks": checks}, indent=1))
-    else:
-        for k, ok in checks.items():
-            print(f"{'PASS' if ok else 'FAIL'}  {k}")
-    return 0 if all(checks.values()) else 1
+    return report(checks, a.json, {"scale": a.scale, "runs": a.runs, "code": str(a.code), "results": results})
 
 
 if __name__ == "__main__":
