@@ -20,7 +20,9 @@ from tests.realkube.plugin import (  # noqa: E402,F401
     api,
     control_plane,
     kube_node,
+    pytest_sessionfinish,
     pytest_terminal_summary,
+    pytest_testnodedown,
     second_kube_node,
 )
 from tests.realslurm.plugin import _slurm_cluster, slurm  # noqa: E402,F401

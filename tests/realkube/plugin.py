@@ -265,6 +265,18 @@ def second_kube_node(kube_node, tmp_path_factory) -> Iterator[Any]:
     assert not problems and not left, f"the second node left: {problems}; {left}"
 
 
+def pytest_sessionfinish(session) -> None:  # noqa: ANN001
+    """On a pytest-xdist worker: hand this worker's timings to the controller, which prints them."""
+    out = getattr(session.config, "workeroutput", None)
+    if out is not None:
+        out["realkube_timings"] = dict(TIMINGS)
+
+
+@pytest.hookimpl(optionalhook=True)
+def pytest_testnodedown(node, error) -> None:  # noqa: ANN001
+    TIMINGS.update(getattr(node, "workeroutput", {}).get("realkube_timings", {}))
+
+
 def pytest_terminal_summary(terminalreporter, exitstatus, config) -> None:  # noqa: ANN001
     if TIMINGS:
         load = os.getloadavg()
@@ -284,5 +296,6 @@ def now() -> float:
     return time.monotonic()
 
 
-__all__ = ["control_plane", "api", "kube_node", "second_kube_node", "pytest_terminal_summary", "skip_or_fail",
+__all__ = ["control_plane", "api", "kube_node", "second_kube_node", "pytest_terminal_summary", "pytest_sessionfinish",
+           "pytest_testnodedown", "skip_or_fail",
            "new_ledger", "finish_ledger", "record_timing", "on_ci", "TIMINGS", "Path"]
