@@ -312,6 +312,24 @@ def test_an_aer_or_link_value_the_kernel_never_writes_is_unreadable_never_a_pass
         in flaps["detail"]
 
 
+@pytest.mark.parametrize("layer", ["InfiniBand\x1b", "fifo", "missing"])
+def test_a_down_port_whose_link_layer_cannot_be_read_is_still_judged(cli, host, policies, layer):
+    """Only a port the kernel calls Ethernet is left to the profile: one whose link layer is
+    garbled, a FIFO or missing is judged as InfiniBand, so its fault is never dropped with it."""
+    f = host / IB1 / "link_layer"
+    f.unlink()
+    if layer == "fifo":
+        os.mkfifo(f)
+    elif layer != "missing":
+        f.write_text(layer + "\n")
+    (host / IB1 / "state").write_text("1: DOWN\n")
+    rc, out = check(cli, host, policies)
+    assert rc == 1 and out["reason"] == "InfinibandPortDown", out["message"]
+    assert "mlx5_1/1 is DOWN" in by_name(out)["network.infiniband"]["detail"]
+    if layer != "missing":
+        assert "unreadable: /sys/class/infiniband/mlx5_1/ports/1/link_layer" in by_name(out)["network.infiniband"]["detail"]
+
+
 def test_an_uptime_of_inf_is_unreadable_in_check_and_set_healthy(cli, host, policies):
     (host / "proc/uptime").write_text("inf 1\n")
     rc, out = check(cli, host, policies)
