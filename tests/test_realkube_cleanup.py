@@ -238,3 +238,53 @@ def test_a_cgroup_folder_removed_while_the_tree_is_read_is_passed_over(tmp_path,
     monkeypatch.setattr(cleanup.os, "scandir", scandir)
     cleanup.rmdir_tree(root)
     assert not root.exists()
+
+
+def test_a_cgroup_folder_removed_while_its_processes_are_listed_is_passed_over(tmp_path, monkeypatch):
+    """The teardown that failed on a cgroup v1 machine: containerd removes a container's cgroup
+    (listed in its pod's folder, gone before it is looked into) while ``cgroup_pids`` reads the
+    node's tree. The processes of the folders still there are found; nothing raises."""
+    from tests.realkube.cleanup import cgroup_pids
+
+    root = _fake_tree(tmp_path / "cpuacct")
+    pod = _fake_tree(root / "gtk-7" / "kubepods" / "burstable" / "pod1", ("c1", "c2", "c3"))
+    for i, c in enumerate(("c1", "c2", "c3")):
+        (pod / c / "cgroup.procs").write_text(f"{100 + i}\n")
+    real, removed = Path.read_text, []
+
+    def read_text(self, *a, **kw):  # reading the first container's processes: containerd takes
+        if self.parent.parent == pod and not removed:  # another one away meanwhile
+            removed.append(next(c for c in sorted(pod.iterdir()) if c.is_dir() and c != self.parent))
+            shutil.rmtree(removed[0])
+        return real(self, *a, **kw)
+
+    monkeypatch.setattr(Path, "read_text", read_text)
+    pids = cgroup_pids("gtk-7", [root])
+    assert removed and pids == {100, 101, 102} - {100 + int(removed[0].name[1]) - 1}, (removed, pids)
+
+
+def test_a_file_or_folder_removed_while_a_kept_folder_is_cleaned_is_passed_over(tmp_path, monkeypatch):
+    """A host folder that was there before the run (``keep_dirs``): what the run added is removed,
+    what was there is kept, and an entry gone while the folder is walked is no error."""
+    from tests.realkube import cleanup
+
+    kept = tmp_path / "var-lib-gpu-tune"
+    (kept / "old").mkdir(parents=True)
+    (kept / "old" / "keep.json").write_text("{}")
+    led = Ledger("keep", tmp_path / "ledgers")
+    led.save_host_files(str(p) for p in cleanup.files_under(kept))
+    led.note("keep_dirs", str(kept))
+    for sub in ("new/a", "new/b", "gone/c"):
+        (kept / sub).mkdir(parents=True)
+        (kept / sub / "f").write_text("x")
+    (kept / "link").symlink_to(kept / "new")
+    real = os.scandir
+
+    def scandir(path):
+        if not isinstance(path, int) and Path(path).name == "gone":  # listed, then removed before it is read
+            monkeypatch.undo()
+            shutil.rmtree(path)
+        return real(path)
+    monkeypatch.setattr(cleanup.os, "scandir", scandir)
+    assert led.clean() == []
+    assert sorted(str(p.relative_to(kept)) for p in kept.rglob("*")) == ["old", "old/keep.json"]

@@ -140,13 +140,33 @@ def make_cgroup(rel: str, roots: list[Path] | None = None) -> list[Path]:
     return made
 
 
+def folders_under(d: Path) -> list[Path]:
+    """``d`` and every folder below it, as they are while the walk passes: a folder that another
+    process removes meanwhile (the kubelet and containerd tear down a pod's cgroups while a test
+    ends) is passed over, never an error. (``Path.rglob`` raises FileNotFoundError when a folder it
+    listed is gone by the time it looks inside; ``os.walk`` hands that error to ``onerror``,
+    which it ignores by default.)"""
+    return [Path(top) for top, _, _ in os.walk(d)]
+
+
+def files_under(d: Path) -> list[Path]:
+    """Every file below ``d`` (symbolic links included, not followed), as :func:`folders_under`
+    finds them: what vanishes while it walks is passed over."""
+    out = []
+    for top, dirs, names in os.walk(d):
+        out += [Path(top, n) for n in names]
+        out += [Path(top, n) for n in dirs if os.path.islink(os.path.join(top, n))]  # not walked into
+    return out
+
+
 def cgroup_pids(rel: str, roots: list[Path] | None = None) -> set[int]:
-    """Every process in the cgroup ``rel`` and below it, in any hierarchy."""
+    """Every process in the cgroup ``rel`` and below it, in any hierarchy (a child cgroup removed
+    while it is read is passed over: its processes are gone with it)."""
     pids: set[int] = set()
     for d in cgroup_dirs(rel, roots):
-        for procs in d.rglob("cgroup.procs"):
+        for folder in folders_under(d):
             try:
-                pids.update(int(x) for x in procs.read_text().split())
+                pids.update(int(x) for x in (folder / "cgroup.procs").read_text().split())
             except (OSError, ValueError):
                 pass
     return pids
@@ -391,7 +411,8 @@ class Ledger:
                     problems.append(f"{path}: {exc}")
         saved = self.doc["host_files"]
         for d in self.doc.get("keep_dirs", []):  # folders that were there: remove what was added
-            for p in sorted(Path(d).rglob("*"), key=lambda p: -len(p.parts)) if os.path.isdir(d) else []:
+            found = folders_under(Path(d))[1:] + files_under(Path(d)) if os.path.isdir(d) else []
+            for p in sorted(found, key=lambda p: -len(p.parts)):
                 if p.is_dir() and not p.is_symlink():
                     if not any(k.startswith(str(p) + "/") for k in saved):
                         shutil.rmtree(p, ignore_errors=True)

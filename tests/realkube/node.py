@@ -44,7 +44,7 @@ from pathlib import Path
 from typing import Any
 
 from tests.realkube.binaries import Missing, binaries, pause_image_tar, tool
-from tests.realkube.cleanup import Ledger, make_cgroup, mounts_under
+from tests.realkube.cleanup import Ledger, files_under, make_cgroup, mounts_under
 from tests.realkube.controlplane import SERVICE_IP, ApiError, ControlPlane, kubeconfig_text, run_kubectl
 from tests.realkube.procs import Proc, env_without_proxy
 
@@ -167,7 +167,7 @@ class Node:
         led.save_host_files(kernel_files())
         for d in AGENT_HOST_DIRS:
             if os.path.isdir(d):
-                led.save_host_files(str(p) for p in Path(d).rglob("*") if p.is_file())
+                led.save_host_files(str(p) for p in files_under(Path(d)) if p.is_file())
                 led.note("keep_dirs", d)  # files added there later are removed
             else:
                 led.note("paths", d)
