@@ -15,7 +15,7 @@ FastAPI handler returning fixed bytes under uvicorn's defaults. Then:
    fast ``/readiness`` answers while they are open;
 4. ``wrk`` at 8 connections on ``/readiness``, on the bare handler and on the unbounded server,
    the three at once (so the neighbours' load falls on each alike), in rounds; the median ratio;
-5. (the agent only) 8, then 1,100 connections each send ``GET /healthz`` requests back to back
+5. (the agent only) 8, 200, then 1,100 connections each send ``GET /healthz`` requests back to back
    for 15 s and never read an answer, while a fresh connection asks for ``/healthz`` every 0.5 s;
    then they close: the server's RSS before, at its peak, and 5 s after the close (an attack
    that takes the server past 2.5 GB is stopped there: the machine is shared).
@@ -226,6 +226,35 @@ def crowd(port: int, count: int, pid: int | None = None) -> dict:
 PIPELINE_RSS_CAP_MB = 2500.0  # the attack stops here: the machine is shared
 
 
+def liveness_probe() -> dict:
+    """The DaemonSet's liveness probe on ``/healthz`` (daemonset/base/daemonset.yaml): what a
+    kubelet counts as a failed probe (``timeoutSeconds``) and when it restarts the agent
+    (``failureThreshold`` failures in a row, one every ``periodSeconds``)."""
+    import yaml
+
+    doc = yaml.safe_load((REPO / "daemonset/base/daemonset.yaml").read_text())
+    for c in doc["spec"]["template"]["spec"]["containers"]:
+        probe = c.get("livenessProbe") or {}
+        if probe.get("httpGet", {}).get("path") == "/healthz":
+            return probe
+    raise SystemExit("daemonset/base/daemonset.yaml: no liveness probe on /healthz")
+
+
+def busy_loops(n: int) -> list[subprocess.Popen]:
+    """``n`` processes spinning on a CPU each: the node's own work, which the agent shares its CPUs with."""
+    return [subprocess.Popen([sys.executable, "-c", "while 1: pass"]) for _ in range(n)]
+
+
+def slow_streak(probes: list[tuple[int | str, float]], timeout_s: float) -> int:
+    """The longest run of probes in a row that a kubelet would count as failed (not 200 within
+    ``timeout_s``)."""
+    longest = run = 0
+    for code, ms in probes:
+        run = run + 1 if code != 200 or ms > timeout_s * 1000.0 else 0
+        longest = max(longest, run)
+    return longest
+
+
 def pipeline_attack(pid: int, port: int, count: int, seconds: float = 15.0, path: str = "/healthz") -> dict:
     """``count`` connections each send ``GET path`` requests back to back as fast as the server
     takes them and never read an answer, for ``seconds``; meanwhile a fresh connection asks for
@@ -251,8 +280,9 @@ def pipeline_attack(pid: int, port: int, count: int, seconds: float = 15.0, path
             time.sleep(0.05)
 
     # the prober is a process of its own: in this one it would wait for the sending loop's GIL
-    prober = subprocess.Popen([sys.executable, __file__, "--probe-healthz", str(port), str(seconds)],
-                              stdout=subprocess.PIPE, text=True, cwd=REPO)
+    live = liveness_probe()
+    prober = subprocess.Popen([sys.executable, __file__, "--probe-healthz", str(port), str(seconds),
+                               str(live["timeoutSeconds"])], stdout=subprocess.PIPE, text=True, cwd=REPO)
 
     socks: list[socket.socket] = []
     failed = 0
@@ -295,6 +325,8 @@ def pipeline_attack(pid: int, port: int, count: int, seconds: float = 15.0, path
     time.sleep(5.0)
     after = rss_mb(pid)
     answered = [ms for code, ms in probes if code == 200]
+    timeout_s = float(live["timeoutSeconds"])
+    slow = [ms for code, ms in probes if code != 200 or ms > timeout_s * 1000.0]
     return {"connections": len(socks), "connect_failed": failed, "seconds": round(took, 1),
             "requests_sent": sent // (len(req) // 512), "rss_before_mb": round(before, 1),
             "rss_peak_mb": round(peak[0], 1), "growth_mb": round(peak[0] - before, 1),
@@ -302,7 +334,11 @@ def pipeline_attack(pid: int, port: int, count: int, seconds: float = 15.0, path
             "stopped_at_rss_cap": capped[0],
             "healthz_answered": f"{len(answered)}/{len(probes)}",
             "healthz_median_ms": round(statistics.median(answered), 2) if answered else None,
+            "healthz_p95_ms": round(sorted(answered)[int(0.95 * (len(answered) - 1))], 1) if answered else None,
             "healthz_max_ms": round(max(answered), 1) if answered else None,
+            "liveness_timeout_s": timeout_s, "liveness_failure_threshold": live["failureThreshold"],
+            "healthz_past_liveness_timeout": len(slow),
+            "healthz_longest_failing_streak": slow_streak(probes, timeout_s),
             "healthz_failures": sorted({str(code) for code, _ in probes if code != 200})}
 
 
@@ -317,20 +353,23 @@ def main() -> int:
                                                           "connections in step 5 (default 1100)")
     ap.add_argument("--only", default=",".join(SECTIONS),
                     help=f"comma-separated sections to run (default all: {','.join(SECTIONS)})")
-    ap.add_argument("--pipelined", default="8,1100",
-                    help="connection counts of step 5, one after another on the same server (default 8,1100)")
+    ap.add_argument("--pipelined", default="8,200,1100",
+                    help="connection counts of step 5, one after another on the same server (default 8,200,1100)")
     ap.add_argument("--json", action="store_true", help="print one JSON document")
     ap.add_argument("--serve-agent", type=int, help=argparse.SUPPRESS)
     ap.add_argument("--serve-plain", type=int, help=argparse.SUPPRESS)
     ap.add_argument("--serve-bare", type=int, help=argparse.SUPPRESS)
-    ap.add_argument("--probe-healthz", nargs=2, type=float, help=argparse.SUPPRESS)
+    ap.add_argument("--busy", type=int, default=0,
+                    help="processes spinning on a CPU each while the sections run (default 0; --busy 2 on 2 CPUs: "
+                         "a node whose CPUs are all busy)")
+    ap.add_argument("--probe-healthz", nargs=3, type=float, help=argparse.SUPPRESS)
     a = ap.parse_args()
-    if a.probe_healthz:  # GET /healthz every 0.5 s for the given seconds; the results as JSON
-        port, seconds = int(a.probe_healthz[0]), a.probe_healthz[1]
+    if a.probe_healthz:  # GET /healthz every 0.5 s for the given seconds, each with the kubelet's timeout
+        port, seconds, timeout_s = int(a.probe_healthz[0]), a.probe_healthz[1], a.probe_healthz[2]
         got, end = [], time.monotonic() + seconds
         try:
             while time.monotonic() < end:
-                got.append(get_ms(port, "/healthz", timeout=3.0))
+                got.append(get_ms(port, "/healthz", timeout=timeout_s))
                 time.sleep(0.5)
         finally:
             print(json.dumps(got), flush=True)
@@ -365,6 +404,8 @@ def main() -> int:
     ratios: list[float] = []
     ratios_plain: list[float] = []
     runs: dict[str, dict[str, float]] = {}
+    doc["busy_loops"] = a.busy
+    busy = busy_loops(a.busy)
     try:
         for name in served:
             procs[name].stdout.readline()
@@ -406,6 +447,9 @@ def main() -> int:
                 checks[f"pipelining on {count} connections: RSS grows < 20 MB"] = \
                     r["growth_mb"] < 20 and not r["stopped_at_rss_cap"]
                 checks[f"pipelining on {count} connections: /healthz answers throughout"] = n[0] == n[1] != "0"
+                checks[f"pipelining on {count} connections: never {r['liveness_failure_threshold']} /healthz in a row "
+                       f"past the liveness probe's {r['liveness_timeout_s']:g} s (the kubelet would restart the agent)"] = \
+                    r["healthz_longest_failing_streak"] < r["liveness_failure_threshold"]
                 # (not to the byte: the allocator keeps some partly used arenas)
                 checks[f"pipelining on {count} connections: RSS back within 10 MB after the close"] = \
                     r["left_after_close_mb"] < 10
@@ -443,6 +487,9 @@ def main() -> int:
             doc["readiness_vs_plain_c8"] = round(statistics.median(ratios_plain), 3)
             checks["/readiness req/s at c8 >= 100% of bare FastAPI"] = statistics.median(ratios) >= 1.0
     finally:
+        for p in busy:
+            p.kill()
+            p.wait()
         for p in procs.values():
             try:
                 os.killpg(p.pid, signal.SIGTERM)
@@ -484,8 +531,10 @@ def main() -> int:
                   f"requests written (into the clients' socket buffers): RSS {r['rss_before_mb']:.1f} MB before, {r['rss_peak_mb']:.1f} peak "
                   f"(+{r['growth_mb']:.1f}){' (attack stopped at the cap)' if r['stopped_at_rss_cap'] else ''}, "
                   f"{r['rss_5s_after_close_mb']:.1f} 5 s after the close; /healthz answered {r['healthz_answered']}, "
-                  f"median {r['healthz_median_ms']} ms, max {r['healthz_max_ms']} ms; "
-                  f"failures {r['healthz_failures'] or 'none'}")
+                  f"median {r['healthz_median_ms']} ms, p95 {r['healthz_p95_ms']} ms, max {r['healthz_max_ms']} ms; "
+                  f"failures {r['healthz_failures'] or 'none'}; past the liveness probe's {r['liveness_timeout_s']:g} s: "
+                  f"{r['healthz_past_liveness_timeout']} (longest streak {r['healthz_longest_failing_streak']}, the "
+                  f"kubelet restarts at {r['liveness_failure_threshold']})")
     if "wrk" in only:
         print(f"wrk, 8 connections each, the three at once, {a.duration:g} s, {a.repeat} rounds (the median round):")
         print(f"  {'run':36} {'p50 ms':>8} {'p99 ms':>8} {'req/s':>10} {'server CPU us/req':>18}")
