@@ -387,11 +387,13 @@ def test_bad_input_exits_2_with_one_line_and_changes_nothing(world, capsys, name
     extra = make(world)
     argv = [cmd, *extra] if "--root" in extra else [cmd, "--root", str(world.root), *extra]
     before = world.digest()
-    t0 = time.monotonic()
+    t0 = time.process_time()
     code, _, err = run_main(argv, capsys)
     assert_bad_input(code, err, *expect)
     assert world.digest() == before
-    assert time.monotonic() - t0 < 30  # nothing expanded a huge CPU list or recursed for long
+    # nothing expanded a huge CPU list or recursed for long: this process's own CPU seconds, which
+    # other processes on a busy machine do not add to (minutes of work if it did, not a wall clock)
+    assert time.process_time() - t0 < 30
 
 
 @pytest.mark.parametrize("var", ["GPU_TUNE_FAILPOINT_WRITE_DELAY", "GPU_TUNE_LOCK_TIMEOUT"])
@@ -418,9 +420,7 @@ def test_shared_includes_are_read_once(world, monkeypatch):
     reads = []
     real = policy._yaml_load
     monkeypatch.setattr(policy, "_yaml_load", lambda p: (reads.append(p.name), real(p))[1])
-    t0 = time.monotonic()
     prof = policy.load_profile("x", world.pol)
-    assert time.monotonic() - t0 < 10
     assert prof.summary == "level 0" and prof.sysctl["vm.swappiness"] == 10
     assert sorted(reads) == sorted(["x.yaml"] + [f"_s{i}.yaml" for i in range(25)])
 
@@ -534,11 +534,11 @@ def test_a_huge_cpu_list_in_a_host_file_is_a_row_not_an_allocation(make_host, tm
     target.write_text("0-4000000000\n")
     monkeypatch.delenv("GPU_TUNE_ROOT", raising=False)
     rss0 = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss
-    t0 = time.monotonic()
+    t0 = time.process_time()
     code, out, err = run_main(["audit", "--root", str(root), "--gpu-backend", "fixture", "--gpu-fixture",
                                str(GPU_FIXTURES / "link-degraded.json"), "-o", "json"], capsys)
     assert code in (0, 1) and "Traceback" not in err, err
-    assert time.monotonic() - t0 < 60
+    assert time.process_time() - t0 < 60  # CPU seconds of this process: 4e9 CPUs were never walked
     assert resource.getrusage(resource.RUSAGE_SELF).ru_maxrss - rss0 < 200 * 1024  # kB: no 3 GB set
     doc = json.loads(out)
     if where == "smp_affinity_list":
@@ -553,10 +553,10 @@ def test_cpu_lists_are_bounded_by_the_kernels_limit():
     assert len(parse_cpulist("0-8191")) == 8192
     for bad in ("8192", "0-8192", "0-4000000000", "4000000000-4000000001", "0-15:0", "0-1:99999999999999",
                 "1" * 5000, "\u0663", "-1", "0--1", "a-b"):
-        t0 = time.monotonic()
+        t0 = time.process_time()
         with pytest.raises(ParseError):
             parse_cpulist(bad)
-        assert time.monotonic() - t0 < 2, bad
+        assert time.process_time() - t0 < 2, bad  # CPU seconds: refused before anything was expanded
     assert parse_cpumask("1" + "0" * 2047) == frozenset({8188})
     with pytest.raises(ParseError):
         parse_cpumask("1" + "0" * 2048)  # bit 8192
@@ -575,14 +575,14 @@ _cpu_item = st.one_of(
 @settings(FUZZ, max_examples=300)
 @given(st.lists(_cpu_item, max_size=6).map(",".join))
 def test_fuzz_cpu_lists_parse_or_raise_parse_error_quickly(text):
-    t0 = time.monotonic()
+    t0 = time.process_time()  # this process's CPU seconds: a busy machine does not add to them
     try:
         cpus = parse_cpulist(text)
     except ParseError:
         pass
     else:
         assert all(0 <= c <= MAX_CPU for c in cpus)
-    assert time.monotonic() - t0 < 2
+    assert time.process_time() - t0 < 2
 
 
 _scalar = st.one_of(st.none(), st.booleans(), st.integers(-(2**70), 2**70), st.floats(allow_nan=True, allow_infinity=True),
