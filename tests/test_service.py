@@ -487,11 +487,9 @@ def test_serve_process_sigterm_exits_0(tmp_path, revert_on_exit):
         import http.client
 
         conn = http.client.HTTPConnection("127.0.0.1", port, timeout=5)
-        t0 = time.monotonic()
-        for _ in range(50):  # keep-alive; ~40 ms each if TCP_NODELAY were missing (Nagle)
+        for _ in range(50):  # kept alive (TCP_NODELAY: tests/test_http_limits.py, on the server's sockets)
             conn.request("GET", "/readiness")
-            conn.getresponse().read()
-        assert time.monotonic() - t0 < 1.5
+            assert conn.getresponse().read()
         conn.close()
         with socket.create_connection(("127.0.0.1", port), timeout=5) as s:  # not HTTP at all
             s.sendall(b"\x16\x03\x01garbage\r\n\r\n")
