@@ -611,9 +611,13 @@ time.sleep(300)
 '''
 
 
+GRACE_PERIOD_S = 30  # the DaemonSet's terminationGracePeriodSeconds (the Kubernetes default)
+
+
 def test_sigterm_during_a_probe_kills_it_and_exits_fast(tmp_path):
-    """A real `gpu-tune serve` with a probe that would run for minutes: SIGTERM ends the agent in
-    well under 5 s (the pod's grace period is 30 s) and leaves no probe process behind."""
+    """A real `gpu-tune serve` with a probe that would run for minutes: SIGTERM ends the agent, with
+    exit code 0, within the pod's grace period (30 s: the kubelet's SIGKILL comes after it) and
+    leaves no probe process behind. How fast (about a second) is benchmarks/bench_stop.py's figure."""
     import os
 
     from tests.fixtures import hostgen
@@ -643,7 +647,7 @@ def test_sigterm_during_a_probe_kills_it_and_exits_fast(tmp_path):
         assert alive(probe_pid, None) and alive(grandchild, None)
         t0 = time.monotonic()
         proc.send_signal(signal.SIGTERM)
-        rc = proc.wait(30)
+        rc = proc.wait(120)  # the probe sleeps 300 s: an agent that waited for it is still here
         took = time.monotonic() - t0
     finally:
         if proc.poll() is None:
@@ -651,8 +655,8 @@ def test_sigterm_during_a_probe_kills_it_and_exits_fast(tmp_path):
             proc.wait()
     err = proc.stderr.read()
     assert rc == 0, err
-    assert took < 5.0, f"SIGTERM to exit took {took:.1f}s"
-    deadline = time.monotonic() + 2
+    assert took < GRACE_PERIOD_S, f"SIGTERM to exit took {took:.1f}s, past the pod's grace period"
+    deadline = time.monotonic() + 30
     while (alive(probe_pid, None) or alive(grandchild, None)) and time.monotonic() < deadline:
         time.sleep(0.05)
     assert not alive(probe_pid, None) and not alive(grandchild, None), "a probe process outlived the agent"
