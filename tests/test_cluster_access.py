@@ -90,7 +90,8 @@ def wait_policy_enforced(api, token: str, node: str) -> None:
         except ApiError as exc:
             if exc.status == 403 and "gpu-tune" in exc.body:
                 return
-        assert time.monotonic() - t0 < 15, "the admission policy was not enforced within 15 s"
+        # a condition waited for (the API server loads policies about once a second), with room for a busy machine
+        assert time.monotonic() - t0 < 60, "the admission policy was not enforced within 60 s"
         time.sleep(0.2)
 
 

@@ -31,6 +31,7 @@ module is skipped with the reason (failed under CI=true).
 
 from __future__ import annotations
 
+import datetime
 import glob
 import json
 import os
@@ -139,12 +140,35 @@ def writes_by(cluster: Node, sa: str, mark: int) -> list[tuple]:
 def agent_reads(cluster: Node, sa: str, mark: int) -> int:
     """GETs of the Node by the agent's service account after ``mark`` (the API server's audit
     log): one at the start of each of its passes."""
+    return len(_agent_read_times(cluster, sa, mark))
+
+
+def _agent_read_times(cluster: Node, sa: str, mark: int) -> list[float]:
     assert cluster.cp is not None
     cluster.cp.wait_audit_flushed()
     user = f"system:serviceaccount:{NS}:{sa}"
-    return sum(1 for ev in cluster.cp.audit(mark) if ev.get("verb") == "get"
-               and (ev.get("user") or {}).get("username") == user
-               and ev.get("requestURI", "").split("?")[0] == f"/api/v1/nodes/{NODE}")
+    return [_received(ev) for ev in cluster.cp.audit(mark) if ev.get("verb") == "get"
+            and (ev.get("user") or {}).get("username") == user
+            and ev.get("requestURI", "").split("?")[0] == f"/api/v1/nodes/{NODE}"]
+
+
+def agent_passes_before(cluster: Node, sa: str, mark: int, before: float) -> int:
+    """The agent's passes that began after ``mark`` and before ``before`` (``time.time()``; the
+    API server runs on this machine's clock): its reads of the Node, a read less than half an
+    interval after the one before it taken as the same pass's (a write refused with 409 is read
+    again in the pass that made it)."""
+    passes, last = 0, None
+    for t in sorted(t for t in _agent_read_times(cluster, sa, mark) if t < before):
+        if last is None or t - last >= INTERVAL / 2:
+            passes += 1
+            last = t
+    return passes
+
+
+def _received(ev: dict) -> float:
+    """An audit event's ``requestReceivedTimestamp`` (RFC 3339, microseconds), as ``time.time()``."""
+    stamp = ev["requestReceivedTimestamp"].replace("Z", "+00:00")
+    return datetime.datetime.fromisoformat(stamp).timestamp()
 
 
 def passes_done(cluster: Node, sa: str, passes: int, what: str) -> None:
@@ -435,13 +459,18 @@ def offer(cluster: Node, gpus: int) -> None:
 def test_the_revert_label_restores_the_host_within_one_pass_and_it_stays_back(cluster):
     originals = {k: original(cluster, "/proc/sys/" + k.replace(".", "/")) for k in SYSCTLS}
     assert any(sysctl(k) != v for k, v in originals.items()), "nothing to revert: the host was already tuned"
+    assert cluster.cp is not None
+    mark = cluster.cp.audit_mark()
     t0 = time.monotonic()
     kubectl(cluster, "label", "node", NODE, "gpu-tune.io/mode=revert")
     wait_for("the originals back", lambda: all(sysctl(k) == v for k, v in originals.items()),
-             INTERVAL * 1.1 + 10, cluster, every=0.2)
-    took = time.monotonic() - t0
-    record_timing(f"revert label to host restored, interval {INTERVAL} s (s)", took)
-    assert took <= INTERVAL * 1.1 + 5, took  # within one pass (+10 % jitter, the pass itself)
+             3 * INTERVAL * 1.1 + 30, cluster, every=0.2)
+    seen = time.time()
+    record_timing(f"revert label to host restored, interval {INTERVAL} s (s)", time.monotonic() - t0)
+    # within one pass: the first pass that read the Node after the label reverted the host (a pass
+    # under way as the label came read it before, and does not count); counted in the agent's
+    # reads of its Node in the audit log up to the moment the originals were seen back, not timed
+    assert agent_passes_before(cluster, "gpu-tune-training", mark, seen) == 1
     passes_done(cluster, "gpu-tune-training", 2, "two more passes")  # nothing re-applied
     assert all(sysctl(k) == v for k, v in originals.items())
     cond = condition(cluster)

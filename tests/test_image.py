@@ -37,6 +37,7 @@ import pytest
 import yaml
 
 from tests import skips
+from tests.realkube.plugin import record_timing
 
 pytestmark = pytest.mark.slow
 
@@ -455,9 +456,12 @@ def test_stop_during_a_probe_exits_fast_and_leaves_no_probe(image, make_pod, tmp
         assert probe, f"no probe started within 120 s: {_procs_in(ns)}"
         time.sleep(1.0)  # well into TensorFlow's start-up
         t0 = time.monotonic()
-        ti.podman("stop", "-t", "30", name)
-        took = time.monotonic() - t0
+        ti.podman("stop", "-t", "30", name)  # SIGTERM; SIGKILL after 30 s, as a kubelet's grace period
+        record_timing("image: podman stop during a probe (s)", time.monotonic() - t0)
         left = _procs_in(ns)
-        assert took < 5.0 and not left, f"stop took {took:.1f} s; left: {left}"
+        # the agent exited on SIGTERM by itself (exit code 0), not killed at the end of the grace
+        # period (137): an outcome, not a time (bench_stop.py measures how fast)
+        code = ti.podman("inspect", "-f", "{{.State.ExitCode}}", name).stdout.strip()
+        assert code == "0" and not left, f"exit code {code} (137: killed after the grace period); left: {left}"
     finally:
         podman_rm(name)

@@ -128,14 +128,14 @@ def test_the_walk_is_bounded_in_depth_and_entries_and_never_recurses(tmp_path):
     recursion limit (1,000) never comes near."""
     base = _cache(tmp_path)
     _deep(base / "deep", 1500)
-    t0 = time.monotonic()
-    w = _walk(base / "deep")
-    assert w.fault == f"{base}/deep has folders more than {guard.MAX_DEPTH} deep ({base}/deep/d/d/d/d/d)"
     wide = _key(base, "wide")
     for i in range(guard.MAX_ENTRIES):
         (wide / f"{i}.pb").touch(mode=0o644)
+    t0 = time.process_time()  # this process's CPU seconds (system calls included): no busy neighbour adds to them
+    w = _walk(base / "deep")
+    assert w.fault == f"{base}/deep has folders more than {guard.MAX_DEPTH} deep ({base}/deep/d/d/d/d/d)"
     assert _walk(wide).fault == f"{wide} holds more than {guard.MAX_ENTRIES} entries"
-    assert time.monotonic() - t0 < 5
+    assert time.process_time() - t0 < 5
 
 
 def test_remove_never_follows_a_link_and_resumes_past_its_budget(tmp_path):
@@ -205,9 +205,9 @@ def test_a_cache_folder_not_its_own_is_set_aside_and_made_afresh(tmp_path, make)
 def test_a_folder_1500_deep_is_set_aside_and_removed_without_recursion(tmp_path):
     base = _cache(tmp_path)
     _deep(base / "tf2.21.0-cpu-drivernone-00000000", 1500)
-    t0 = time.monotonic()
+    t0 = time.process_time()
     u = upkeep(str(base))
-    assert time.monotonic() - t0 < 10
+    assert time.process_time() - t0 < 10  # CPU seconds of this process: no recursion, no re-walk
     assert u.folder == str(base) and os.listdir(base) == []
     assert "folders more than 4 deep" in u.notes[0]
 
