@@ -449,9 +449,16 @@ def test_answers_unread_past_the_send_timeout_close_the_connection():
         assert not _guarded(srv) or all(c.transport.is_closing() for c in _guarded(srv))
 
 
-def test_connections_held_back_keep_within_their_budget():
+def test_connections_held_back_keep_within_their_budget(monkeypatch):
     """30 clients that never read, a budget of 64 KiB: those held back longest are closed, and
     the rest keep no more than the budget (checked at each sweep)."""
+    sweeps = []
+    real = httpserver._sweep
+
+    def sweep(*args):
+        real(*args)
+        sweeps.append(1)
+    monkeypatch.setattr(httpserver, "_sweep", sweep)  # looked up by name each time one is scheduled
     with Served(send_timeout=60, blocked_budget=64 * 1024) as srv:
         socks = [srv.connect() for _ in range(30)]
         try:
@@ -461,7 +468,10 @@ def test_connections_held_back_keep_within_their_budget():
                 w.start()
             for w in writers:
                 w.join()
-            time.sleep(1.0)  # two sweeps
+            done, deadline = len(sweeps), time.monotonic() + 60
+            while len(sweeps) < done + 2:  # two whole sweeps since the last byte was written
+                assert time.monotonic() < deadline, "the server stopped sweeping its connections"
+                time.sleep(0.05)
             kept = sum(c._kept_bytes() for c in _guarded(srv) if c._blocked_since() is not None)
             assert kept <= 64 * 1024
             assert srv.get("/healthz", timeout=5)[0] == 200
