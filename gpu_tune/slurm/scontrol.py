@@ -152,11 +152,11 @@ class Scontrol:
                     if left <= 0:
                         raise self._no_answer(what)
                     for key, _ in sel.select(left):
-                        chunk = os.read(key.fd, _CHUNK)
+                        buf = key.data
+                        chunk = os.read(key.fd, min(_CHUNK, OUTPUT_CAP + 1 - len(buf)))  # never past cap + 1
                         if not chunk:
                             sel.unregister(key.fileobj)
                             continue
-                        buf = key.data
                         buf += chunk
                         if lines is not None and buf is out and b"\n" in chunk:
                             cut = buf.rindex(b"\n")
