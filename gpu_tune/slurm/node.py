@@ -32,7 +32,7 @@ _GRES_ITEM = re.compile(r"^(?P<name>[A-Za-z0-9_-]+)(?::(?P<rest>[^(]*))?(?:\(.*\
 _COUNT = re.compile(r"([0-9]+)([KMGkmg]?)")  # ASCII digits: int() would read '٨' as 8
 _TYPE = re.compile(r"[A-Za-z0-9][A-Za-z0-9_.-]*")  # h100, a100_80gb, tesla-v100, 3g.40gb (a MIG type)
 # A node's state as scontrol prints it: IDLE, IDLE+DRAIN, DOWN+DRAIN+NOT_RESPONDING, MIXED+DRAIN+COMPLETING
-_STATE = re.compile(r"[A-Z][A-Z0-9_]*(?:\+[A-Z][A-Z0-9_]*)*[*~#!%$@^-]?", re.I)
+_STATE = re.compile(r"[A-Z][A-Z0-9_]*(?:\+[A-Z][A-Z0-9_]*)*[*~#!%$@^-]?", re.I | re.A)
 _MULT = {"": 1, "k": 1024, "m": 1024 ** 2, "g": 1024 ** 3}
 
 # Node state flags that mean the node is out of service by someone's (or Slurm's) decision.
