@@ -63,6 +63,7 @@ QUICK: dict[str, list[str]] = {
     "bench_gain.py": ["--pairs", "3", "--window", "0.5"],
     "bench_hostile_round3.py": ["--scale", "0.2"],
     "bench_hostile_round4_cache.py": ["--only", "fifo"],
+    "bench_slurm_bounds.py": ["--only", "out"],
 }
 DEFAULT_TIMEOUT = 420.0  # seconds per benchmark
 HEADLINE = re.compile(r"\b(PASS|FAIL|MISSED|TARGET|targets?|goal)\b")

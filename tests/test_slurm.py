@@ -11,7 +11,6 @@ quotes them.
 from __future__ import annotations
 
 import json
-import shutil
 import time
 from pathlib import Path
 
@@ -20,43 +19,15 @@ import pytest
 from gpu_tune.slurm.decide import MAX_REASON
 from tests.conftest import run_cli
 from tests.fixtures import hostgen
-from tests.healthkit import GPU_FIXTURE, XID79, policies  # noqa: F401 (fixtures)
+from tests.healthkit import XID79, policies  # noqa: F401 (fixtures)
 from tests.realkube.plugin import record_timing
 from tests.realslurm.cluster import HEALTH_INTERVAL, NODE, wait_for
+from tests.slurmkit import dgx_tree, gpu_json, host  # noqa: F401 (fixtures)
 
 pytestmark = pytest.mark.slow
 
 # one health check pass may take a few seconds on a busy 2-CPU machine
 PASS_SLACK = 6.0
-
-
-# what a test changes in the host tree (gpu-tune check writes only its state folder): put back
-# before each test instead of copying 16,000 files
-CHANGED = ("dev/kmsg", "proc/sys/kernel/random/boot_id")
-
-
-@pytest.fixture(scope="module")
-def dgx_tree(tmp_path_factory) -> tuple[Path, dict[str, bytes]]:
-    root = hostgen.build("dgx-8gpu", tmp_path_factory.mktemp("dgx") / "h")
-    return root, {p: (root / p).read_bytes() for p in CHANGED}
-
-
-@pytest.fixture
-def host(dgx_tree) -> Path:
-    root, saved = dgx_tree
-    for p, data in saved.items():
-        (root / p).write_bytes(data)
-    shutil.rmtree(root / "var/lib/gpu-tune", ignore_errors=True)
-    return root
-
-
-def gpu_json(tmp_path: Path, drop: int | None = None) -> Path:
-    data = json.loads(GPU_FIXTURE.read_text())
-    if drop is not None:
-        del data["gpus"][drop]
-    f = tmp_path / "gpus.json"
-    f.write_text(json.dumps(data))
-    return f
 
 
 def append_xid(root: Path, seq: int, usec: int) -> None:

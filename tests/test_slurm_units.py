@@ -13,7 +13,7 @@ from gpu_tune.host.fs import HostFS
 from gpu_tune.judge.checks.base import FATAL, Check
 from gpu_tune.judge.readiness import Verdict
 from gpu_tune.slurm import passes
-from gpu_tune.slurm.decide import MAX_REASON, PREFIX, clean, decide, drain_reason
+from gpu_tune.slurm.decide import MAX_REASON, PREFIX, clean, decide, drain_reason, ours
 from gpu_tune.slurm.gres import gres_check
 from gpu_tune.slurm.health import context_of, node_name
 from gpu_tune.slurm.node import NodeLineError, SlurmNode, gres_count, parse_node, parse_nodes
@@ -70,9 +70,14 @@ def test_a_line_of_scontrol_show_node():
 
 
 def test_lines_that_are_not_scontrols_are_refused():
-    for bad in ("", "slurm_load_node error: Unable to contact slurm controller", "Name=x State=IDLE"):
+    for bad in ("", "slurm_load_node error: Unable to contact slurm controller", "Name=x State=IDLE",
+                IDLE.replace("State=IDLE ", ""), IDLE.replace("State=IDLE ", "State= "),
+                IDLE.replace("State=IDLE ", "State=idle,drain "), "NodeName= State=IDLE"):
         with pytest.raises(NodeLineError):
             parse_node(bad)
+    # a reason keeps its leading spaces: ' gpu-tune: x' is not gpu-tune's
+    spaced = parse_node(IDLE.replace("State=IDLE ", "State=IDLE+DRAIN ") + " Reason= gpu-tune: x [root@2026-11-28T05:00:00]")
+    assert spaced.reason == " gpu-tune: x" and spaced.reason_by == "root" and not ours(spaced)
     assert parse_nodes("No nodes in the system\n") == []
     assert [n.name for n in parse_nodes(IDLE + "\n\n" + DRAINED.replace("gpu-a", "gpu-b", 1) + "\n")] == ["gpu-a", "gpu-b"]
 
@@ -80,14 +85,15 @@ def test_lines_that_are_not_scontrols_are_refused():
 @pytest.mark.parametrize("gres,count", [
     ("gpu:8", 8), ("gpu:h100:8(S:0-1)", 8), ("gpu:a100:4(S:0),gpu:v100:2(S:1),nic:1", 6), ("(null)", None),
     ("", None), ("gpu:2(S:0,1),nic:1", 2), ("gpu", 1), ("gpu:h100", 1), ("shard:8,mps:100", None), ("gpu:1k", 1024),
-    ("gpu:h100:no_consume:4", 4),
+    ("gpu:h100:no_consume:4", 4), ("gpu:0", 0), ("gpu:3g.40gb:2", 2),
 ])
 def test_gres_counts(gres, count):
     assert gres_count(gres) == count
 
 
 def test_a_gres_entry_that_is_not_one_is_refused():
-    for bad in ("gpu:h100:eight", "gpu:a:b:c", "g p u:2"):
+    for bad in ("gpu:h100:eight", "gpu:a:b:c", "g p u:2", "gpu:-8", "gpu:h100:-8", "gpu:h100:\u0668", "gpu:\u0668",
+                "gpu:h100:\uff18", "gpu:+8"):
         with pytest.raises(ValueError):
             gres_count(bad)
 
@@ -190,9 +196,11 @@ def test_the_context_comes_from_slurmds_variables():
 def test_the_name_from_the_flag_or_slurmd():
     assert node_name("gpu-a", {"SLURMD_NODENAME": "other"}, None) == ("gpu-a", "--slurm-node")  # type: ignore[arg-type]
     assert node_name(None, {"SLURMD_NODENAME": " n7 "}, None) == ("n7", "SLURMD_NODENAME")  # type: ignore[arg-type]
-    for bad in ("", "a b", "a,b", " ", "n[1-2]"):
+    for bad in ("", "a b", "a,b", " ", "n[1-2]", "-V", "--help", "a\x1bb"):
         with pytest.raises(Exception, match="--slurm-node"):
             node_name(bad, {}, None)  # type: ignore[arg-type]
+    with pytest.raises(Exception, match="SLURMD_NODENAME '-h': a node name does not start with '-'"):
+        node_name(None, {"SLURMD_NODENAME": "-h"}, None)  # type: ignore[arg-type]
 
 
 # -- the count of ready passes ---------------------------------------------------------------------------------
@@ -201,9 +209,17 @@ def test_ready_passes_are_counted_per_node_and_a_foreign_file_counts_none(tmp_pa
     (tmp_path / "sys").mkdir()
     fs = HostFS(tmp_path)
     assert passes.ready_before(fs, "n1") == 0
-    assert passes.record(fs, "n1", True, 0) == (1, None)
+    assert passes.record(fs, "n1", 1) is None
     assert passes.ready_before(fs, "n1") == 1 and passes.ready_before(fs, "n2") == 0
-    assert passes.record(fs, "n1", False, 1) == (0, None) and passes.ready_before(fs, "n1") == 0
+    assert passes.record(fs, "n1", 0) is None and passes.ready_before(fs, "n1") == 0
+    # a count is kept with the drain it counts: under another drain, or in service, it counts none
+    mine = node("IDLE+DRAIN", MINE)
+    assert passes.drain_of(mine) == f"{MINE} [root@2026-11-28T04:28:01]" and passes.drain_of(node()) == ""
+    assert passes.record(fs, "n1", 3, passes.drain_of(mine)) is None
+    assert passes.ready_before(fs, "n1", passes.drain_of(mine)) == 3
+    assert passes.ready_before(fs, "n1") == 0
+    again = SlurmNode("gpu-a", "IDLE+DRAIN", MINE, "root", "2026-11-28T05:00:00")  # drained anew, same words
+    assert passes.ready_before(fs, "n1", passes.drain_of(again)) == 0
     f = tmp_path / "var/lib/gpu-tune/slurm.json"
     for junk in ("{", "[]", json.dumps({"node": "n1", "ready_in_a_row": "7"}), json.dumps({"node": "n1",
                                                                                         "ready_in_a_row": True})):
@@ -225,4 +241,7 @@ def test_bad_slurm_input_is_exit_2(cli, tmp_path):
     assert r.returncode == 2 and "scontrol not found" in r.stderr, r.stderr
     r = cli(*args, "--slurm", "--slurm-node", "gpu-[1-4]")
     assert r.returncode == 2 and "--slurm-node 'gpu-[1-4]': expected one Slurm node name" in r.stderr, r.stderr
+    for value in ("nan", "0", "-1", "soon", "1e9"):
+        r = cli(*args, "--slurm", "--slurm-node", "gpu-a", env={"GPU_TUNE_SLURM_TIMEOUT": value})
+        assert r.returncode == 2 and "GPU_TUNE_SLURM_TIMEOUT" in r.stderr and "seconds" in r.stderr, r.stderr
     assert not (root / "var").exists()  # refused before the checks ran (they keep their state there)

@@ -40,9 +40,11 @@ def check_cmd(
         raise InputError("--slurm-node needs --slurm")
     scontrol = None
     if slurm:  # Slurm's command and configuration, and the name, checked before anything runs
-        from gpu_tune.slurm.health import Scontrol, check_node_flag
+        import os
 
-        check_node_flag(slurm_node)
+        from gpu_tune.slurm.health import Scontrol, check_names
+
+        check_names(slurm_node, os.environ)
         scontrol = Scontrol()
     fs = open_host(g)
     v, host, doc, gpus, topo_doc = _judge(g, fs, profile, probe, device)
@@ -117,11 +119,11 @@ def _slurm(g: Globals, fs, v, host, doc: dict, gpus, topo_doc, slurm_node: Optio
     when the check fails); stderr: what was done in Slurm, one line."""
     import sys
 
-    from gpu_tune.slurm.health import SlurmUnreachable, slurm_pass
+    from gpu_tune.slurm.health import SlurmRefused, SlurmUnreachable, slurm_pass
 
     try:
         done = slurm_pass(fs, v, gpus, topo_doc, node_flag=slurm_node, scontrol=scontrol)
-    except SlurmUnreachable:
+    except (SlurmUnreachable, SlurmRefused):
         if g.output != "json":
             print(_summary(v))
         raise

@@ -104,3 +104,10 @@ def decide(v: Verdict, node: SlurmNode, ready_in_a_row: int) -> Decision:
                                   f"{READY_PASSES_TO_RESUME} in a row): {node.reason!r}")
     note = clean(f"{PREFIX} ready again, resumed: {v.message()} (drained for: {node.reason[len(PREFIX):].strip()})")
     return Decision(RESUME, note, f"ready; resumed (drained by gpu-tune for {node.reason[len(PREFIX):].strip()!r})")
+
+
+def unsaved(node: SlurmNode, error: str) -> Decision:
+    """A ready pass that would resume the node but could not save its count: it stays drained (a
+    count that was not saved never resumes a node: the next pass would read the old one)."""
+    return Decision(HOLD, "", f"ready; stays drained: the ready-pass count was not saved ({error}): no resume "
+                              f"until it can be: {node.reason!r}")

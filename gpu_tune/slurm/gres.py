@@ -6,9 +6,12 @@ plugin's count on Kubernetes.
   an older count, a GPU left out of ``gres.conf``): not ready;
 - more offered than the host has: Slurm hands out a GPU that is not there (a GPU fell off the
   bus after ``gres.conf`` was written): not ready;
-- the node offers no ``gres/gpu`` at all: not compared (a cluster that gives whole nodes to jobs
-  configures no GPU GRES); a GPU in MIG mode: not compared (Slurm then counts MIG devices);
-- a ``Gres=`` value this module cannot read: a warning, never a drain.
+- the node offers no ``gres/gpu`` at all, or a count of 0 (``Gres=gpu:0``, which Slurm accepts:
+  it hands out no GPU of this node as a resource, the same as listing none): not compared (a
+  cluster that gives whole nodes to jobs configures no GPU GRES); a GPU in MIG mode: not compared
+  (Slurm then counts MIG devices);
+- a ``Gres=`` value this module cannot read (``gpu:-8``, a count in digits other than ASCII's,
+  ``gpu:h100:٨``): a warning, never a drain.
 
 Both numbers are named in the detail (and so in the drain reason): ``Slurm gres/gpu 8, NVML 7,
 PCI bus 8``.
@@ -43,7 +46,7 @@ def gres_check(node: SlurmNode, gpus: Sequence[GpuInfo], topology: Mapping[str, 
     pci = len(pci_gpus(topology)) if topology is not None else None
     figures = f"Slurm gres/gpu {offered if offered is not None else 0}, NVML {nvml}" + (
         f", PCI bus {pci}" if pci is not None else "")
-    if offered is None:
+    if not offered:  # none listed, or a count of 0 (which Slurm allows): Slurm hands out no GPU here
         return _check(True, f"not compared: Slurm offers no gres/gpu on {node.name} (Gres={node.gres or '(null)'}); "
                             f"{figures}")
     mig = sorted(g.index for g in gpus if g.mig_mode is True)

@@ -14,7 +14,12 @@ Where it runs (``context``), from the variables slurmd sets:
 
 The node's name: ``--slurm-node``, else ``SLURMD_NODENAME``, else the node whose
 ``NodeHostName`` is this host's name (``slurmd`` finds its own name that way), else the node
-named like the host's short name.
+named like the host's short name. A name given is one Slurm node name, never an option of
+``scontrol`` (``-V``): checked before anything runs (exit 2).
+
+A pass is two steps: :func:`judge_node` reads (Slurm's node, the saved count) and decides,
+writing nothing; :func:`act` writes what was decided (``scontrol update``, then the count; for a
+resume the count first, since a count that was not saved never resumes a node).
 """
 
 from __future__ import annotations
@@ -30,14 +35,17 @@ from gpu_tune.gpu.base import GpuInfo
 from gpu_tune.host.fs import HostFS
 from gpu_tune.judge.readiness import Verdict
 from gpu_tune.slurm import passes
-from gpu_tune.slurm.decide import Decision, clean, decide
+from gpu_tune.slurm.decide import RESUME, Decision, clean, decide, unsaved
 from gpu_tune.slurm.gres import gres_check
 from gpu_tune.slurm.node import SlurmNode
-from gpu_tune.slurm.scontrol import NoSuchNode, Scontrol, SlurmUnreachable
+from gpu_tune.slurm.scontrol import NoAnswer, NoSuchNode, Scontrol, SlurmRefused, SlurmUnreachable
 
 log = logging.getLogger("gpu_tune")
 
-__all__ = ["Scontrol", "SlurmPass", "SlurmUnreachable", "check_node_flag", "context_of", "node_name", "slurm_pass"]
+__all__ = ["Scontrol", "SlurmPass", "SlurmRefused", "SlurmUnreachable", "act", "check_names", "check_node_name",
+           "context_of", "judge_node", "node_name", "slurm_pass"]
+
+SHOWN = 40  # characters of a node's name or a job id in the line on stderr
 
 
 @dataclass
@@ -49,21 +57,29 @@ class SlurmPass:
     before: SlurmNode
     verdict: Verdict
     decision: Decision
+    in_a_row: int = 0  # ready passes in a row, this one included
+    drain: str = ""  # the drain the count is kept under (passes.drain_of)
     done: bool = False
     notes: list[str] = field(default_factory=list)
 
     @property
     def line(self) -> str:
-        """What gpu-tune did in Slurm, in one line (stderr)."""
-        where = self.context + (f" of job {self.job}" if self.job else "")
-        text = f"slurm node {self.node} ({where}): {self.decision.says}"
+        """What gpu-tune did in Slurm, in one line (stderr): what was done comes first, whatever
+        the length of the node's name or the job id."""
+        where = self.context + (f" of job {_short(self.job)}" if self.job else "")
+        text = f"slurm node {_short(self.node)} ({where}): {self.decision.says}"
         if self.notes:
             text += "; " + "; ".join(self.notes)
         return clean(text, 1000)
 
     def as_dict(self) -> dict[str, Any]:
         return {"node": self.node, "named_by": self.named_by, "context": self.context, "job": self.job,
-                "before": self.before.as_dict(), **self.decision.as_dict(), "done": self.done, "notes": self.notes}
+                "before": self.before.as_dict(), **self.decision.as_dict(), "ready_in_a_row": self.in_a_row,
+                "done": self.done, "notes": self.notes}
+
+
+def _short(text: str) -> str:
+    return text if len(text) <= SHOWN else f"{text[:SHOWN - 10]}...({len(text)} characters)"
 
 
 def context_of(env: Mapping[str, str]) -> tuple[str, str | None]:
@@ -78,25 +94,45 @@ def context_of(env: Mapping[str, str]) -> tuple[str, str | None]:
     return "command", job
 
 
-def check_node_flag(flag: str | None) -> None:
-    """``--slurm-node``: one node name (no list, no space), checked before anything runs."""
-    if flag is not None and (not flag.strip() or any(c.isspace() or c in ",[]" for c in flag)):
-        raise InputError(f"--slurm-node {flag!r}: expected one Slurm node name")
+def check_node_name(name: str | None, where: str = "--slurm-node") -> None:
+    """One Slurm node name (no list, no space, no control character), and never what scontrol
+    would take for an option (``-V``, ``--help``): checked before anything runs."""
+    if name is None:
+        return
+    if not name.strip() or any(c.isspace() or c in ",[]" or not c.isprintable() for c in name):
+        raise InputError(f"{where} {shown_name(name)}: expected one Slurm node name")
+    if name.startswith("-"):
+        raise InputError(f"{where} {shown_name(name)}: a node name does not start with '-' (scontrol would take it "
+                         "for an option)")
+
+
+def shown_name(name: str) -> str:
+    return ascii(name if len(name) <= 80 else name[:80] + "...")
+
+
+def check_names(flag: str | None, env: Mapping[str, str]) -> None:
+    """The names this pass would use, ``--slurm-node`` and ``SLURMD_NODENAME``: checked before
+    the checks run (exit 2, nothing written)."""
+    check_node_name(flag)
+    if flag is None and env.get("SLURMD_NODENAME", "").strip():
+        check_node_name(env["SLURMD_NODENAME"].strip(), "SLURMD_NODENAME")
 
 
 def node_name(flag: str | None, env: Mapping[str, str], scontrol: Scontrol | None,
               hostname: str | None = None) -> tuple[str, str]:
     """(the node's name in Slurm, where it came from)."""
     if flag is not None:
-        check_node_flag(flag)
+        check_node_name(flag)
         return flag, "--slurm-node"
     if env.get("SLURMD_NODENAME", "").strip():
-        return env["SLURMD_NODENAME"].strip(), "SLURMD_NODENAME"
+        name = env["SLURMD_NODENAME"].strip()
+        check_node_name(name, "SLURMD_NODENAME")
+        return name, "SLURMD_NODENAME"
     if scontrol is None:
         raise InputError("no node name: give --slurm-node NAME")
     host = hostname or socket.gethostname()
     short = host.split(".")[0]
-    nodes = scontrol.nodes()
+    nodes, count = scontrol.find_nodes(lambda n: n.hostname in (host, short) or n.name == short)
     for names, how in (({host, short}, "NodeHostName"), ({short}, "host name")):
         found = sorted({n.name for n in nodes if (n.hostname if how == "NodeHostName" else n.name) in names})
         if len(found) == 1:
@@ -105,33 +141,65 @@ def node_name(flag: str | None, env: Mapping[str, str], scontrol: Scontrol | Non
             raise InputError(f"Slurm has {len(found)} nodes with NodeHostName {host} ({', '.join(found[:10])}): "
                              "give --slurm-node NAME (slurmd's HealthCheckProgram passes SLURMD_NODENAME)")
     raise InputError(f"no Slurm node has NodeHostName {host} or the name {short} (`scontrol show node` lists "
-                     f"{len(nodes)}): give --slurm-node NAME")
+                     f"{count}): give --slurm-node NAME")
 
 
 def slurm_pass(fs: HostFS, verdict: Verdict, gpus: Sequence[GpuInfo], topology: Mapping[str, Any] | None, *,
                node_flag: str | None = None, env: Mapping[str, str] | None = None,
                scontrol: Scontrol | None = None) -> SlurmPass:
-    """Judge the node for Slurm and act. Raises :class:`SlurmUnreachable` (nothing changed) when
-    slurmctld does not answer the read; an answer refused on the write is raised the same way,
-    after the read (the node is then as it was)."""
+    """Judge the node for Slurm (:func:`judge_node`) and act (:func:`act`)."""
     env = dict(os.environ if env is None else env)
     sc = scontrol or Scontrol(env=env)
+    out = judge_node(fs, verdict, gpus, topology, node_flag=node_flag, env=env, scontrol=sc)
+    act(fs, sc, out)
+    return out
+
+
+def judge_node(fs: HostFS, verdict: Verdict, gpus: Sequence[GpuInfo], topology: Mapping[str, Any] | None, *,
+               node_flag: str | None, env: Mapping[str, str], scontrol: Scontrol) -> SlurmPass:
+    """The node as Slurm has it, the verdict with ``slurm.gres``, the count, and what to do:
+    reads only, writes nothing. :class:`SlurmUnreachable` or :class:`SlurmRefused` (the line
+    ending "nothing changed") when Slurm cannot be read."""
     context, job = context_of(env)
-    name, named_by = node_name(node_flag, env, sc)
     try:
-        node = sc.show_node(name)
+        name, named_by = node_name(node_flag, env, scontrol)
+        node = scontrol.show_node(name)
     except NoSuchNode as exc:
         raise InputError(f"{exc} (the name came from {named_by})") from None
+    except (SlurmUnreachable, SlurmRefused) as exc:
+        raise type(exc)(f"{exc}; nothing changed") from None
     checks = tuple(verdict.checks) + (gres_check(node, gpus, topology),)
     v = Verdict(all(c.ok for c in checks if c.gating), checks)
-    before = passes.ready_before(fs, name)
-    in_a_row, err = passes.record(fs, name, v.ready, before)
-    out = SlurmPass(name, named_by, context, job, node, v, decide(v, node, in_a_row))
+    drain = passes.drain_of(node)
+    n = passes.ready_before(fs, name, drain) + 1 if v.ready else 0
+    return SlurmPass(name, named_by, context, job, node, v, decide(v, node, n), in_a_row=n, drain=drain)
+
+
+def act(fs: HostFS, scontrol: Scontrol, p: SlurmPass) -> None:
+    """Write what :func:`judge_node` decided: the update, then the count (which Slurm's answer
+    does not change: a not-ready pass is 0 whether the drain lands or not), so that a pass
+    whose update fails has written nothing. A resume is the other way round: its count is
+    saved first, and a count that cannot be saved keeps the node drained."""
+    if p.decision.action == RESUME:
+        err = passes.record(fs, p.node, p.in_a_row, p.drain)
+        if err:
+            p.decision = unsaved(p.before, err)
+            return
+        _update(scontrol, p, "RESUME", f"the ready-pass count was saved ({p.in_a_row} in a row)")
+        return
+    if p.decision.writes:
+        _update(scontrol, p, "DRAIN", "the ready-pass count was not written")
+    err = passes.record(fs, p.node, p.in_a_row, p.drain)
     if err:
-        out.notes.append(f"the ready-pass count was not saved ({err}): a resume waits until it can be")
-    d = out.decision
-    if d.writes:
-        state = "RESUME" if d.action == "resume" else "DRAIN"
-        sc.update(name, state, d.reason)
-        out.done = True
-    return out
+        p.notes.append(f"the ready-pass count was not saved ({err}): no resume until it can be")
+
+
+def _update(scontrol: Scontrol, p: SlurmPass, state: str, count: str) -> None:
+    """``scontrol update``; when it fails, the error says what is known of the node and the count."""
+    try:
+        scontrol.update(p.node, state, p.decision.reason)
+    except NoAnswer as exc:
+        raise NoAnswer(f"{exc}: slurmctld may still apply it, the next pass reads the node again; {count}") from None
+    except (SlurmUnreachable, SlurmRefused) as exc:
+        raise type(exc)(f"{exc}; the node is as it was; {count}") from None
+    p.done = True

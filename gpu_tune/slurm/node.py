@@ -29,7 +29,10 @@ KEYS = (
 _KEY_AT = re.compile(r"(?:^|(?<=\s))(" + "|".join(KEYS) + r")=")
 _SET_BY = re.compile(r"\s\[([^\[\]@\s]*)@([^\[\]\s]*)\]$")
 _GRES_ITEM = re.compile(r"^(?P<name>[A-Za-z0-9_-]+)(?::(?P<rest>[^(]*))?(?:\(.*\))?$")
-_COUNT = re.compile(r"^(\d+)([KMGkmg]?)$")
+_COUNT = re.compile(r"([0-9]+)([KMGkmg]?)")  # ASCII digits: int() would read '٨' as 8
+_TYPE = re.compile(r"[A-Za-z0-9][A-Za-z0-9_.-]*")  # h100, a100_80gb, tesla-v100, 3g.40gb (a MIG type)
+# A node's state as scontrol prints it: IDLE, IDLE+DRAIN, DOWN+DRAIN+NOT_RESPONDING, MIXED+DRAIN+COMPLETING
+_STATE = re.compile(r"[A-Z][A-Z0-9_]*(?:\+[A-Z][A-Z0-9_]*)*[*~#!%$@^-]?", re.I | re.A)
 _MULT = {"": 1, "k": 1024, "m": 1024 ** 2, "g": 1024 ** 3}
 
 # Node state flags that mean the node is out of service by someone's (or Slurm's) decision.
@@ -74,7 +77,9 @@ class SlurmNode:
 
 
 def split_line(line: str) -> dict[str, str]:
-    """``Key=Value`` pairs of one ``scontrol -o show node`` line (values stripped)."""
+    """``Key=Value`` pairs of one ``scontrol -o show node`` line. A value ends where the next key
+    begins, the spaces before that key not part of it; its own leading spaces are kept (a reason
+    `` gpu-tune: x`` is not ``gpu-tune: x``)."""
     text = line.strip()
     marks = list(_KEY_AT.finditer(text))
     if not marks or marks[0].group(1) != "NodeName" or marks[0].start() != 0:
@@ -82,18 +87,27 @@ def split_line(line: str) -> dict[str, str]:
     out: dict[str, str] = {}
     for m, nxt in zip(marks, marks[1:] + [None]):
         end = nxt.start() if nxt is not None else len(text)
-        out.setdefault(m.group(1), text[m.end():end].strip())
+        out.setdefault(m.group(1), text[m.end():end].rstrip())
     return out
 
 
 def parse_node(line: str) -> SlurmNode:
+    """One node. A line without a name, or without a ``State=`` this module can read, is refused
+    (:class:`NodeLineError`): a node whose state is not known is never taken as in service."""
     kv = split_line(line)
+    name, state = kv["NodeName"].strip(), kv.get("State")
+    if not name:
+        raise NodeLineError(f"a line of `scontrol -o show node` without a NodeName: {line.strip()[:80]!r}")
+    if state is None or not _STATE.fullmatch(state):
+        what = "without State=" if state is None else f"with State={state[:40]!r}, not a node state"
+        raise NodeLineError(f"node {name[:80]!r}: a line of `scontrol -o show node` {what}: its state is not known")
     reason, by, at = kv.get("Reason", ""), "", ""
     m = _SET_BY.search(reason)
     if m:
         reason, by, at = reason[:m.start()].rstrip(), m.group(1), m.group(2)
-    return SlurmNode(name=kv["NodeName"], state=kv.get("State", ""), reason=reason, reason_by=by, reason_at=at,
-                     hostname=kv.get("NodeHostName", ""), addr=kv.get("NodeAddr", ""), gres=kv.get("Gres", ""))
+    return SlurmNode(name=name, state=state, reason=reason, reason_by=by, reason_at=at,
+                     hostname=kv.get("NodeHostName", "").strip(), addr=kv.get("NodeAddr", "").strip(),
+                     gres=kv.get("Gres", "").strip())
 
 
 def parse_nodes(text: str) -> list[SlurmNode]:
@@ -129,10 +143,12 @@ def gres_count(gres: str, name: str = "gpu") -> int | None:
             continue
         parts = [p for p in (m.group("rest") or "").split(":") if p and p != "no_consume"]
         count = 1
-        if parts and _COUNT.match(parts[-1]):
-            digits, unit = _COUNT.match(parts[-1]).groups()  # type: ignore[union-attr]
-            count = int(digits) * _MULT[unit.lower()]
-        elif len(parts) > 1:
-            raise ValueError(f"Gres entry {raw!r}: count {parts[-1]!r} is not a number")
+        found = _COUNT.fullmatch(parts[-1]) if parts else None
+        if found:
+            count = int(found.group(1)) * _MULT[found.group(2).lower()]
+            parts = parts[:-1]
+        if len(parts) > 1 or (parts and not _TYPE.fullmatch(parts[0])):
+            raise ValueError(f"Gres entry {raw!r}: expected NAME[:TYPE][:COUNT], the count in ASCII digits "
+                             f"(not {parts[-1]!r})")
         total = (total or 0) + count
     return total

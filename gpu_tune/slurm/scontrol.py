@@ -8,25 +8,40 @@ environment on untouched, so a ``HealthCheckProgram`` (which slurmd starts with 
 ``SLURMD_NODENAME`` set: no ``SLURM_CONF``, no ``PATH``) and a ``Prolog`` (``SLURM_CONF`` set)
 read the same file that slurmd read.
 
-Failures are typed: :class:`SlurmUnreachable` (exit 3: slurmctld did not answer; nothing was
-changed), :class:`SlurmConfigError` (exit 2: no ``scontrol``, or a configuration it cannot
-read), :class:`NoSuchNode` (exit 2), :class:`SlurmRefused` (exit 3: slurmctld answered no).
-Every call is bounded in time (:data:`TIMEOUT`) and in what it reads back.
+Failures are typed: :class:`SlurmUnreachable` (exit 3: slurmctld did not answer),
+:class:`NoAnswer` (the same, when no answer came in time: a write may still land),
+:class:`SlurmConfigError` (exit 2: no ``scontrol``, or a configuration it cannot read),
+:class:`NoSuchNode` (exit 2), :class:`SlurmRefused` (exit 3: slurmctld answered no, or
+``scontrol`` printed what cannot be read). What was changed is said by the caller
+(:mod:`gpu_tune.slurm.health`), which knows which calls came before.
+
+Bounds: the calls of one pass share one deadline (:data:`BUDGET` seconds from the first,
+``GPU_TUNE_SLURM_TIMEOUT``), well inside the 60 s slurmd gives a ``HealthCheckProgram``; a call
+still running at the deadline is stopped (``SIGKILL`` to its process group) and the pass asked no
+further. ``scontrol``'s output is read as it comes, at most :data:`OUTPUT_CAP` bytes of it (per
+line, where the whole listing of nodes is read line by line), and the child stopped as soon as
+there is more: 300 MB printed costs what 4 MiB does.
 """
 
 from __future__ import annotations
 
 import os
+import selectors
 import shutil
+import signal
 import subprocess
-from typing import Mapping, Sequence
+import time
+from typing import Callable, Mapping, Sequence
 
 from gpu_tune.errors import GpuTuneError, InputError
 from gpu_tune.slurm.node import NodeLineError, SlurmNode, parse_node, parse_nodes
 
-# slurmd gives a HealthCheckProgram 60 s; scontrol's own MessageTimeout is 10 s by default.
-TIMEOUT = 30.0
+# slurmd gives a HealthCheckProgram 60 s; scontrol's own MessageTimeout is 10 s by default. The
+# checks before the Slurm part take about half a second, so the calls of one pass share 40 s.
+BUDGET = 40.0
+BUDGET_VAR = "GPU_TUNE_SLURM_TIMEOUT"
 OUTPUT_CAP = 4 << 20
+_CHUNK = 1 << 16
 # Where a process started without PATH (slurmd's HealthCheckProgram) looks for scontrol.
 DEFAULT_PATH = "/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin:/opt/slurm/bin"
 # What scontrol says when slurmctld does not answer (slurm_strerror's texts).
@@ -39,13 +54,17 @@ CONFIG = ("unable to process configuration file", "s_p_parse_file", "could not e
 
 
 class SlurmUnreachable(GpuTuneError):
-    """slurmctld did not answer: nothing was changed (exit 3)."""
+    """slurmctld did not answer (exit 3)."""
 
     exit_code = 3
 
 
+class NoAnswer(SlurmUnreachable):
+    """No answer before the pass's deadline: the call was stopped; a write may still land."""
+
+
 class SlurmRefused(GpuTuneError):
-    """slurmctld answered, and refused (exit 3)."""
+    """slurmctld answered, and refused; or scontrol printed what cannot be read (exit 3)."""
 
     exit_code = 3
 
@@ -68,13 +87,32 @@ def _where_conf(env: Mapping[str, str]) -> str:
     return f"SLURM_CONF={conf}" if conf else "SLURM_CONF unset: scontrol's default, /etc/slurm/slurm.conf on Debian"
 
 
+def _stop(proc: subprocess.Popen) -> None:
+    """End a child not yet reaped, and whatever it started (its own process group), then reap it."""
+    if proc.returncode is None:
+        try:
+            os.killpg(proc.pid, signal.SIGKILL)
+        except OSError:  # pragma: no cover (gone between the check and the kill)
+            pass
+        proc.wait()
+    for f in (proc.stdout, proc.stderr):
+        if f is not None:
+            f.close()
+
+
 class Scontrol:
-    """``scontrol`` with this process's environment (or ``env``)."""
+    """``scontrol`` with this process's environment (or ``env``); every call of one instance
+    shares one deadline (``timeout`` seconds from the first call, else ``GPU_TUNE_SLURM_TIMEOUT``,
+    else :data:`BUDGET`)."""
 
     def __init__(self, binary: str | None = None, *, env: Mapping[str, str] | None = None,
-                 timeout: float = TIMEOUT) -> None:
+                 timeout: float | None = None) -> None:
+        from gpu_tune.tune.engine import env_seconds
+
         self.env = dict(os.environ if env is None else env)
-        self.timeout = timeout
+        self.timeout = timeout if timeout is not None else env_seconds(BUDGET_VAR, BUDGET, 3600.0, least=1.0,
+                                                                       env=self.env)
+        self._end: float | None = None
         self.binary = binary or shutil.which("scontrol", path=self.env.get("PATH") or DEFAULT_PATH)
         if not self.binary:
             raise SlurmConfigError(f"scontrol not found (PATH {self.env.get('PATH') or DEFAULT_PATH}): run this on a "
@@ -84,23 +122,70 @@ class Scontrol:
             raise SlurmConfigError(f"SLURM_CONF={conf}: no such file (Slurm's configuration; unset, Slurm's "
                                    "commands read their default, /etc/slurm/slurm.conf on Debian)")
 
-    def run(self, args: Sequence[str], what: str) -> str:
-        argv = [self.binary, *args]
+    def _no_answer(self, what: str, ran: bool = True) -> NoAnswer:
+        how = "gave no answer within" if ran else "not run: no time left of"
+        return NoAnswer(f"slurmctld not reachable: `{what}` {how} the {self.timeout:g} s a pass has for Slurm "
+                        f"({BUDGET_VAR})")
+
+    def _call(self, args: Sequence[str], what: str,
+              lines: Callable[[bytes], None] | None) -> tuple[int, str, str]:
+        """(exit code, stdout, stderr). With ``lines``, each line of stdout goes there as it comes
+        and is not kept. Stopped at the deadline (:class:`NoAnswer`) or past :data:`OUTPUT_CAP`
+        (:class:`SlurmRefused`)."""
+        now = time.monotonic()
+        if self._end is None:
+            self._end = now + self.timeout
+        if now >= self._end:
+            raise self._no_answer(what, ran=False)
         try:
-            proc = subprocess.run(argv, capture_output=True, text=True, errors="replace", env=self.env,
-                                  timeout=self.timeout, stdin=subprocess.DEVNULL)
-        except subprocess.TimeoutExpired:
-            raise SlurmUnreachable(f"slurmctld not reachable: `scontrol {' '.join(args)}` gave no answer in "
-                                   f"{self.timeout:.0f} s; nothing changed") from None
+            proc = subprocess.Popen([self.binary, *args], stdin=subprocess.DEVNULL, stdout=subprocess.PIPE,
+                                    stderr=subprocess.PIPE, env=self.env, start_new_session=True)
         except OSError as exc:
             raise SlurmConfigError(f"{self.binary}: {exc.strerror or exc}") from None
-        out, err = proc.stdout[:OUTPUT_CAP], proc.stderr[:OUTPUT_CAP]
-        if proc.returncode == 0:
+        out, err = bytearray(), bytearray()
+        try:
+            with selectors.DefaultSelector() as sel:
+                sel.register(proc.stdout, selectors.EVENT_READ, out)  # type: ignore[arg-type]
+                sel.register(proc.stderr, selectors.EVENT_READ, err)  # type: ignore[arg-type]
+                while sel.get_map():
+                    left = self._end - time.monotonic()
+                    if left <= 0:
+                        raise self._no_answer(what)
+                    for key, _ in sel.select(left):
+                        buf = key.data
+                        chunk = os.read(key.fd, min(_CHUNK, OUTPUT_CAP + 1 - len(buf)))  # never past cap + 1
+                        if not chunk:
+                            sel.unregister(key.fileobj)
+                            continue
+                        buf += chunk
+                        if lines is not None and buf is out and b"\n" in chunk:
+                            cut = buf.rindex(b"\n")
+                            for line in bytes(buf[:cut]).split(b"\n"):
+                                lines(line)
+                            del buf[:cut + 1]
+                        if len(buf) > OUTPUT_CAP:
+                            raise SlurmRefused(f"`{what}`: more than {OUTPUT_CAP >> 20} MiB of output"
+                                               f"{' in one line' if lines is not None else ''}: scontrol stopped, "
+                                               "its answer not read")
+            try:
+                rc = proc.wait(timeout=max(0.0, self._end - time.monotonic()))
+            except subprocess.TimeoutExpired:
+                raise self._no_answer(what) from None
+        finally:
+            _stop(proc)
+        if lines is not None and out:
+            lines(bytes(out))
+            out.clear()
+        return rc, out.decode("utf-8", "replace"), err.decode("utf-8", "replace")
+
+    def run(self, args: Sequence[str], what: str, lines: Callable[[bytes], None] | None = None) -> str:
+        rc, out, err = self._call(args, what, lines)
+        if rc == 0:
             return out
-        said = _first_line(err) or _first_line(out) or f"exit code {proc.returncode}"
+        said = _first_line(err) or _first_line(out) or f"exit code {rc}"
         low = (err + out).lower()
         if any(s in low for s in UNREACHABLE):
-            raise SlurmUnreachable(f"slurmctld not reachable: {what}: {said}; nothing changed")
+            raise SlurmUnreachable(f"slurmctld not reachable: {what}: {said}")
         if any(s in low for s in CONFIG):
             raise SlurmConfigError(f"Slurm's configuration ({_where_conf(self.env)}): {what}: {said}")
         raise SlurmRefused(f"{what}: {said}")
@@ -122,16 +207,28 @@ class Scontrol:
             raise NoSuchNode(f"Slurm has no node {name!r} (`{what}` printed {len(nodes)} other node(s))")
         return found[0]
 
-    def nodes(self) -> list[SlurmNode]:
-        out = self.run(["-a", "-o", "show", "node"], "scontrol show node")
-        nodes = []
-        for line in out.splitlines():
-            if line.strip() and not line.startswith("No nodes"):
-                try:
-                    nodes.append(parse_node(line))
-                except NodeLineError:
-                    continue
-        return nodes
+    def find_nodes(self, keep: Callable[[SlurmNode], bool], most: int = 100) -> tuple[list[SlurmNode], int]:
+        """The nodes of ``scontrol show node`` for which ``keep`` is true (at most ``most``), and
+        how many lines it printed: read line by line, so a listing of any length costs one line's
+        memory. A line that cannot be read is passed over."""
+        found: list[SlurmNode] = []
+        count = 0
+
+        def line(raw: bytes) -> None:
+            nonlocal count
+            text = raw.decode("utf-8", "replace")
+            if not text.strip() or text.startswith("No nodes"):
+                return
+            count += 1
+            try:
+                node = parse_node(text)
+            except NodeLineError:
+                return
+            if len(found) < most and keep(node):
+                found.append(node)
+
+        self.run(["-a", "-o", "show", "node"], "scontrol show node", lines=line)
+        return found, count
 
     def update(self, name: str, state: str, reason: str) -> None:
         """``scontrol update NodeName=NAME State=STATE Reason=REASON`` (one argument each: no shell)."""

@@ -14,7 +14,7 @@ import logging
 import os
 import time
 from contextlib import ExitStack
-from typing import Collection, Iterable, Sequence
+from typing import Collection, Iterable, Mapping, Sequence
 
 from gpu_tune.errors import GpuTuneError, HostError, InputError, UnsupportedWrite
 from gpu_tune.gpu.base import GpuError
@@ -26,19 +26,20 @@ from gpu_tune.tune.model import Report, Setting
 log = logging.getLogger("gpu_tune")
 
 
-def env_seconds(name: str, default: float, most: float = 86400.0) -> float:
+def env_seconds(name: str, default: float, most: float = 86400.0, *, least: float = 0.0,
+                env: Mapping[str, str] | None = None) -> float:
     """A number of seconds from the environment variable ``name`` (``default`` when unset or
-    empty): 0 to ``most``, else :class:`InputError` naming the variable, read before anything
-    is written."""
-    raw = os.environ.get(name, "")
+    empty): ``least`` (0) to ``most``, else :class:`InputError` naming the variable, read before
+    anything is written. ``env``: where to look (this process's environment)."""
+    raw = (os.environ if env is None else env).get(name, "")
     if not raw.strip():
         return default
     try:
         value = float(raw)
     except ValueError:
         value = float("nan")
-    if not 0.0 <= value <= most:  # NaN too
-        raise InputError(f"{name}={raw[:40]!r}: expected a number of seconds from 0 to {most:g}")
+    if not least <= value <= most:  # NaN too
+        raise InputError(f"{name}={raw[:40]!r}: expected a number of seconds from {least:g} to {most:g}")
     return value
 
 

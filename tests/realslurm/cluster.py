@@ -323,12 +323,16 @@ class SlurmCluster:
         return dict(tok.split("=", 1) for tok in r.stdout.split() if "=" in tok)
 
     def reset(self) -> None:
-        """Between tests: no job, the programs doing nothing, the node idle with no reason."""
+        """Between tests: no job, the programs doing nothing, the node idle with no reason and the
+        configuration's Gres (a test may lower it with ``scontrol update Gres=``)."""
         for program in ("health-check", "prolog"):
             self.use(program, "")
         wait_for("slurmd's programs done", lambda: not self.busy(), 30)
         self.run("scancel", "--full", "--partition", PARTITION, check=False)
         wait_for("no job left", lambda: not self.run("squeue", "-h", "-p", PARTITION).stdout.strip(), 30, every=0.2)
+        if self.node().get("Gres") != f"gpu:{GPUS}":
+            self.scontrol("reconfigure")
+            wait_for(f"{NODE} Gres=gpu:{GPUS} again", lambda: self.node().get("Gres") == f"gpu:{GPUS}", 30, every=0.2)
         node = self.node()
         if node.get("State") != "IDLE":
             self.scontrol("update", f"NodeName={NODE}", "State=RESUME", check=False)
