@@ -91,7 +91,7 @@ def gpu_fixture(tmp_path):
     return _copy
 
 
-def run_cli(*args: str, env: dict | None = None, timeout: float = 120, input: str | None = None):
+def run_cli(*args: str, env: dict | None = None, timeout: float = 600, input: str | None = None):
     """Run the real console script in a subprocess; returns CompletedProcess (text)."""
     full_env = {**os.environ, "PYTHONPATH": str(REPO)}
     for k in ("GPU_TUNE_ROOT", "GPU_TUNE_PROFILE", "GPU_TUNE_POLICY_DIR", "GPU_TUNE_GPU_BACKEND", "GPU_TUNE_GPU_FIXTURE"):
