@@ -110,10 +110,11 @@ def node_name(flag: str | None, env: Mapping[str, str], scontrol: Scontrol | Non
 
 def slurm_pass(fs: HostFS, verdict: Verdict, gpus: Sequence[GpuInfo], topology: Mapping[str, Any] | None, *,
                node_flag: str | None = None, env: Mapping[str, str] | None = None,
-               scontrol: Scontrol | None = None) -> SlurmPass:
+               scontrol: Scontrol | None = None, dry_run: bool = False) -> SlurmPass:
     """Judge the node for Slurm and act. Raises :class:`SlurmUnreachable` (nothing changed) when
     slurmctld does not answer the read; an answer refused on the write is raised the same way,
-    after the read (the node is then as it was)."""
+    after the read (the node is then as it was). ``dry_run``: decide only, writing nothing to
+    Slurm and nothing under the root (not the ready-pass count either)."""
     env = dict(os.environ if env is None else env)
     sc = scontrol or Scontrol(env=env)
     context, job = context_of(env)
@@ -122,15 +123,14 @@ def slurm_pass(fs: HostFS, verdict: Verdict, gpus: Sequence[GpuInfo], topology: 
         node = sc.show_node(name)
     except NoSuchNode as exc:
         raise InputError(f"{exc} (the name came from {named_by})") from None
-    checks = tuple(verdict.checks) + (gres_check(node, gpus, topology),)
-    v = Verdict(all(c.ok for c in checks if c.gating), checks)
+    v = verdict.plus(gres_check(node, gpus, topology))  # weighed by the profile's policy, as every check
     before = passes.ready_before(fs, name)
-    in_a_row, err = passes.record(fs, name, v.ready, before)
+    in_a_row, err = (before + 1 if v.ready else 0, None) if dry_run else passes.record(fs, name, v.ready, before)
     out = SlurmPass(name, named_by, context, job, node, v, decide(v, node, in_a_row))
     if err:
         out.notes.append(f"the ready-pass count was not saved ({err}): a resume waits until it can be")
     d = out.decision
-    if d.writes:
+    if d.writes and not dry_run:
         state = "RESUME" if d.action == "resume" else "DRAIN"
         sc.update(name, state, d.reason)
         out.done = True
