@@ -12,7 +12,7 @@ from pathlib import Path
 
 import pytest
 
-from tests.healthkit import BASELINES, XID79, dgx_tree, gpu_json, host  # noqa: F401 (fixtures)
+from tests.healthkit import XID79, dgx_tree, gpu_json, host, profiles_folder  # noqa: F401 (fixtures)
 
 GPU = {0: "0000:18:00", 1: "0000:2a:00", 2: "0000:3a:00", 3: "0000:5d:00", 4: "0000:9a:00", 5: "0000:ab:00",
        6: "0000:ba:00", 7: "0000:db:00"}
@@ -30,11 +30,7 @@ def append(root: Path, lines) -> None:
 
 
 def profile_dir(tmp_path: Path, body: str, name: str = "p") -> Path:
-    folder = tmp_path / f"policies-{name}"
-    folder.mkdir(exist_ok=True)
-    (folder / "baselines.yaml").write_text(BASELINES.read_text())
-    (folder / f"{name}.yaml").write_text("include: training.yaml\nreadiness:\n  require_compliant: false\n" + body)
-    return folder
+    return profiles_folder(tmp_path / name, **{name: body})
 
 
 def check(cli, root, fixture, policies, profile="p", *extra):
@@ -202,11 +198,7 @@ def test_the_default_warns_on_5_bursts_of_an_application_xid_on_one_gpu_and_neve
     lines += [xid_line(300 + 2 * g + k, 1300 * MIN + g * 1000 + k, g, 45 if k else 43) for g in range(8)
               for k in range(2)]
     append(host, lines)
-    policies = tmp_path / "shipped"
-    policies.mkdir()
-    (policies / "health.yaml").write_text("include: training.yaml\nreadiness:\n  require_compliant: false\n")
-    (policies / "baselines.yaml").write_text(BASELINES.read_text())
-    rc, doc, c = check(cli, host, gpu_json(tmp_path), policies, "health")
+    rc, doc, c = check(cli, host, gpu_json(tmp_path), profiles_folder(tmp_path, health=""), "health")
     assert rc == 0 and doc["ready"], doc["message"]
     w = c["gpu.xid_recurring"]
     assert (w["ok"], w["severity"]) == (False, "warning")
@@ -265,3 +257,43 @@ def test_off_no_and_false_are_off_and_on_is_refused(cli, host, tmp_path):
     r = cli("audit", "--policy-dir", str(profile_dir(tmp_path, "  checks:\n    gpu.inforom: on\n")), "--profile", "p",
             "--root", str(host))
     assert r.returncode == 2 and "gpu.inforom: true (YAML reads on and yes so) is not a severity" in r.stderr
+
+
+# -- the metrics and the fleet view: each weight and the profile's digest ----------------------------------
+def test_the_metrics_the_node_and_the_fleet_view_say_each_weight_and_the_digest(tmp_path):
+    import time
+
+    from gpu_tune.cluster.fleet import fleet_report, render_table
+    from gpu_tune.cluster.labels import ANNOTATION_DIGEST
+    from gpu_tune.cluster.node_state import node_want
+    from gpu_tune.judge.readiness import verdict
+    from gpu_tune.serve.snapshot import Snapshot
+    from gpu_tune.tune.policy import load_profile
+
+    folder = profile_dir(tmp_path, "  checks:\n    gpu.inforom: fatal\n    network.infiniband: off\n")
+    prof = load_profile("p", folder)
+    gpus = [{"index": 0, "uuid": "GPU-0", "name": "NVIDIA H100 80GB HBM3", "pci_bus_id": "0000:18:00.0",
+             "inforom_valid": False}]
+    v = verdict(profile=prof, audit=None, gpus=gpus)
+    body = Snapshot.build(node="n", profile="p", verdict=v, since=0.0, created=0.0).metrics_body.decode()
+    assert 'gpu_tune_check_severity_info{by="readiness.checks.gpu.inforom",check="gpu.inforom",severity="fatal"} ' \
+           '1.0' in body
+    assert 'gpu_tune_check_severity_info{by="readiness.checks.network.infiniband",check="network.infiniband",' \
+           'severity="off"} 1.0' in body
+    assert 'gpu_tune_check_severity_info{by="catalog",check="gpu.present",severity="fatal"} 1.0' in body
+    assert f'gpu_tune_profile_info{{digest="{v.policy.digest}",profile="p"}} 1.0' in body
+    assert 'gpu_tune_check_ok{check="network.infiniband"}' not in body  # not evaluated
+
+    want = node_want(v, profile=prof, mode="enforce", topology={}, gpus=gpus, driver_version=None)
+    assert want.annotations[ANNOTATION_DIGEST] == v.policy.digest
+    now = time.time()
+    stamp = time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime(now))
+    node = {"metadata": {"name": "n", "labels": want.labels, "annotations": want.annotations},
+            "status": {"conditions": [{**want.condition, "lastHeartbeatTime": stamp, "lastTransitionTime": stamp}]}}
+    report = fleet_report([node], now=now)
+    row = report.nodes[0]
+    assert row.profile_digest == v.policy.digest and row.weights == {
+        "gpu.inforom": "fatal readiness.checks.gpu.inforom", "network.infiniband": "off readiness.checks.network.infiniband"}
+    table = render_table(report)
+    assert f"p@{v.policy.digest[7:15]}" in table
+    assert "gpu.inforom [fatal readiness.checks.gpu.inforom]: " in table and "off: network.infiniband" in table

@@ -16,21 +16,12 @@ from gpu_tune.serve.agent import Agent
 from gpu_tune.serve.options import ServeOptions
 from gpu_tune.serve.stages import default_stages
 from tests.fixtures.probes import probe_result, probe_verdict
-from tests.healthkit import BASELINES, XID79, dgx_tree, gpu_json  # noqa: F401 (fixtures)
+from tests.healthkit import XID79, dgx_tree, gpu_json, profiles_folder as policies  # noqa: F401 (fixtures)
 from tests.realkube.testapi import write_kubeconfig
 from tests.test_operator_policy import IB0, MIN, xid_line
 
 NODE = "gpu-policy-0"
 PROBES = [probe_verdict(str(i), probe_result()) for i in range(8)]
-
-
-def policies(tmp_path: Path, **profiles: str) -> Path:
-    folder = tmp_path / "policies"
-    folder.mkdir(exist_ok=True)
-    (folder / "baselines.yaml").write_text(BASELINES.read_text())
-    for name, body in profiles.items():
-        (folder / f"{name}.yaml").write_text("include: training.yaml\nreadiness:\n  require_compliant: false\n" + body)
-    return folder
 
 
 def agent_pass(api, root: Path, fixture: Path, folder: Path, profile: str) -> Agent:

@@ -9,56 +9,22 @@ from __future__ import annotations
 import hashlib
 import json
 import os
-import shutil
 from pathlib import Path
 
 import pytest
 
 from tests.conftest import run_cli
-from tests.fixtures import hostgen
-from tests.healthkit import BASELINES, GPU_FIXTURE, XID79
+from tests.healthkit import XID79, dgx_tree, host  # noqa: F401 (fixtures)
+from tests.healthkit import gpu_json as fixture_json
+from tests.healthkit import profiles_folder as policies
 from tests.realslurm.cluster import NODE
 from tests.test_operator_policy import IB0, MIN, xid_line
 
 pytestmark = pytest.mark.slow
 
-CHANGED = ("dev/kmsg", "proc/sys/kernel/random/boot_id", f"{IB0}/state")
 # what moves on an idle node from one `scontrol show node` to the next, whatever gpu-tune does
 VOLATILE = ("CPULoad", "FreeMem", "CurrentWatts", "AveWatts", "LowestJoules", "ConsumedJoules", "ExtSensorsJoules",
             "ExtSensorsWatts", "ExtSensorsTemp")
-
-
-@pytest.fixture(scope="module")
-def tree(tmp_path_factory) -> tuple[Path, dict[str, bytes]]:
-    root = hostgen.build("dgx-8gpu", tmp_path_factory.mktemp("dgx") / "h")
-    return root, {p: (root / p).read_bytes() for p in CHANGED}
-
-
-@pytest.fixture
-def host(tree) -> Path:
-    root, saved = tree
-    for p, data in saved.items():
-        (root / p).write_bytes(data)
-    shutil.rmtree(root / "var/lib/gpu-tune", ignore_errors=True)
-    return root
-
-
-def fixture_json(tmp_path: Path, edit=None) -> Path:
-    data = json.loads(GPU_FIXTURE.read_text())
-    if edit:
-        edit(data)
-    f = tmp_path / "gpus.json"
-    f.write_text(json.dumps(data))
-    return f
-
-
-def policies(tmp_path: Path, **profiles: str) -> Path:
-    folder = tmp_path / "policies"
-    folder.mkdir(exist_ok=True)
-    (folder / "baselines.yaml").write_text(BASELINES.read_text())
-    for name, body in profiles.items():
-        (folder / f"{name}.yaml").write_text("include: training.yaml\nreadiness:\n  require_compliant: false\n" + body)
-    return folder
 
 
 def slurm_check(slurm, host: Path, fixture: Path, folder: Path, profile: str, *extra: str):

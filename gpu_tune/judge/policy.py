@@ -122,15 +122,15 @@ def policy_of(profile: Any) -> Policy:
     """The policy of a loaded profile (made once per profile object); the catalog's alone for an
     object without a readiness section. Raises :class:`InputError` (exit 2, one line naming the
     file and the key) for a check name no family lists or a repeat rule that cannot apply."""
-    cached = getattr(profile, "_policy", None)
-    if isinstance(cached, Policy):
-        return cached
     readiness = getattr(profile, "readiness", None)
+    cached = getattr(profile, "_policy", None)
+    if isinstance(cached, tuple) and cached[0] is readiness:  # a copy with another readiness section is made anew
+        return cached[1]
     if readiness is None or not hasattr(profile, "model_dump"):
         return Policy(profile=str(getattr(profile, "name", "") or ""))
     made = _build(profile, readiness)
     try:
-        profile._policy = made
+        profile._policy = (readiness, made)
     except (AttributeError, TypeError, ValueError):  # pragma: no cover - a profile that keeps nothing
         pass
     return made

@@ -326,7 +326,7 @@ class Profile(_Strict):
     # profile's own or an included one's): what the verdict names as a weight's origin.
     _source: str = PrivateAttr(default="")
     _origins: dict[str, str] = PrivateAttr(default_factory=dict)
-    _policy: Any = PrivateAttr(default=None)  # gpu_tune.judge.policy.Policy, made once
+    _policy: Any = PrivateAttr(default=None)  # (its readiness, gpu_tune.judge.policy.Policy): made once
 
     @field_validator("sysctl", mode="before")
     @classmethod
