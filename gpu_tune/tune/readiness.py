@@ -193,7 +193,7 @@ class ReadinessPolicy(_Strict):
             return v  # the type check names it
         out: dict[str, str] = {}
         for key, value in v.items():
-            if not isinstance(key, str) or not CHECK_KEY_RE.fullmatch(key):
+            if not isinstance(key, str) or len(key) > 128 or not CHECK_KEY_RE.fullmatch(key):
                 raise ValueError(f"{str(key)[:60]!r} is not a check name (e.g. gpu.inforom, probe.*.passed)")
             if value is None:  # `name: null` leaves out what an included profile sets
                 continue
