@@ -48,6 +48,7 @@ SETTINGS: dict[str, list[str]] = {
     "bench_http.py": ["--duration", "10", "--repeat", "2"],
     "bench_http_limits.py": ["--duration", "5", "--repeat", "3"],
     "bench_gain.py": ["--pairs", "3"],
+    "bench_policy.py": ["--runs", "9"],
 }
 QUICK: dict[str, list[str]] = {
     "bench_audit.py": ["--runs", "7"],
@@ -64,6 +65,7 @@ QUICK: dict[str, list[str]] = {
     "bench_hostile_round3.py": ["--scale", "0.2"],
     "bench_hostile_round4_cache.py": ["--only", "fifo"],
     "bench_slurm_bounds.py": ["--only", "out"],
+    "bench_policy.py": ["--runs", "3"],
 }
 DEFAULT_TIMEOUT = 420.0  # seconds per benchmark
 HEADLINE = re.compile(r"\b(PASS|FAIL|MISSED|TARGET|targets?|goal)\b")

@@ -28,6 +28,17 @@ def health_policies(folder: Path, profile: str = HEALTH_ONLY) -> Path:
     return folder
 
 
+def profiles_folder(tmp_path: Path, **profiles: str) -> Path:
+    """A policy folder beside the test: the baselines and each profile ``name`` as ``training.yaml``
+    with ``readiness.require_compliant: false`` and the lines given (indented under ``readiness:``)."""
+    folder = tmp_path / "policies"
+    folder.mkdir(parents=True, exist_ok=True)
+    shutil.copy(BASELINES, folder)
+    for name, body in profiles.items():
+        (folder / f"{name}.yaml").write_text("include: training.yaml\nreadiness:\n  require_compliant: false\n" + body)
+    return folder
+
+
 def gpu_json(tmp_path: Path, edit: Callable[[dict], None] | None = None) -> Path:
     """The 8-GPU fixture, changed by ``edit``, written beside the test."""
     data = json.loads(GPU_FIXTURE.read_text())

@@ -53,10 +53,11 @@ def test_snapshot_served_as_is(served):
     r = client.get("/readiness")
     assert r.status_code == 503  # drift and a failed probe
     body = r.json()
-    assert list(body) == ["ready", "node", "profile", "reason", "message", "checks", "since"]
+    assert list(body) == ["ready", "node", "profile", "reason", "message", "checks", "since", "profile_digest", "off"]
     assert body["node"] == "gpu-node-1" and body["profile"] == "training"
     assert body["since"] == "2025-01-01T00:00:00Z"
-    assert all(set(c) == {"name", "ok", "severity", "detail"} for c in body["checks"])
+    # each check with the severity it ran with and where that came from (docs/health.md "Your policy")
+    assert all(set(c) == {"name", "ok", "severity", "severity_from", "detail"} for c in body["checks"])
     assert body["reason"] == snap.verdict.reason() and body["message"] == snap.verdict.message()
     assert r.content == snap.readiness_body
     assert client.get("/audit").json()["settings"][0]["id"] == "sysctl.vm.swappiness"
@@ -78,8 +79,8 @@ def test_ready_is_200():
     assert r.status_code == 200 and r.json() == {"ready": True, "node": "n", "profile": "inference",
                                                  "reason": "AllChecksPassed", "message": "all 1 checks passed",
                                                  "checks": [{"name": "x", "ok": True, "severity": "fatal",
-                                                             "detail": "fine"}],
-                                                 "since": "1970-01-01T00:00:00Z"}
+                                                             "severity_from": "catalog", "detail": "fine"}],
+                                                 "since": "1970-01-01T00:00:00Z", "profile_digest": "", "off": []}
 
 
 def test_healthz_tracks_loop_liveness(served):

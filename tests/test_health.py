@@ -45,8 +45,9 @@ def test_the_healthy_8_gpu_node_passes_every_health_check(cli, host, tmp_path, p
     assert names["gpu.count"]["detail"] == "8 GPU(s): PCI bus 8, NVML 8, expected 8"
     assert "18 NVLinks active per GPU (18 expected)" in names["gpu.nvlink"]["detail"]
     assert names["gpu.inforom"]["severity"] == "warning" and names["gpu.memory"]["severity"] == "fatal"
-    assert set(doc) == {"ready", "node", "profile", "reason", "message", "checks", "since"}
-    assert all(set(c) == {"name", "ok", "severity", "detail"} for c in doc["checks"])
+    assert set(doc) == {"ready", "node", "profile", "reason", "message", "checks", "since", "profile_digest", "off"}
+    assert all(set(c) == {"name", "ok", "severity", "severity_from", "detail"} for c in doc["checks"])
+    assert {c["severity_from"] for c in doc["checks"]} == {"catalog"} and doc["off"] == []
     assert not any(c["name"].startswith("probe.") for c in doc["checks"])  # no --probe
 
 

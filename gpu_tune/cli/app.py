@@ -260,9 +260,14 @@ def open_host(g: Globals):
 
 
 def profile_of(g: Globals, name: str):
+    """The profile ``name``, every value checked, its operator's policy too (a misspelt check name
+    refuses every command, as any other bad key does)."""
+    from gpu_tune.judge.policy import policy_of
     from gpu_tune.tune.policy import load_profile
 
-    return load_profile(name, g.policy_dir)
+    prof = load_profile(name, g.policy_dir)
+    policy_of(prof)
+    return prof
 
 
 def check_journal(fs) -> None:

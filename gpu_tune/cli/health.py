@@ -20,7 +20,8 @@ log = logging.getLogger("gpu_tune")
                        "no agent, no cluster. -o json: the /readiness document. Exit 0 ready, 1 not ready. "
                        "With --slurm: also drain this Slurm node when not ready, resume it when ready if gpu-tune "
                        "drained it (HealthCheckProgram, Prolog, Epilog; docs/slurm.md); exit 3 when slurmctld "
-                       "does not answer (nothing changed).")
+                       "does not answer (nothing changed). --slurm --dry-run: decide and print what it would write, "
+                       "writing nothing to Slurm or under --root.")
 def check_cmd(
     g: Globals,
     profile: ProfileOpt = "training",
@@ -35,9 +36,14 @@ def check_cmd(
                                                       help="With --slurm: the node's name in Slurm [default: "
                                                            "SLURMD_NODENAME, else the node whose NodeHostName is "
                                                            "this host]")] = None,
+    dry_run: Annotated[bool, typer.Option("--dry-run", help="With --slurm: read the node, decide, print the "
+                                                            "decision and the reason it would write; write nothing "
+                                                            "to Slurm and nothing under --root")] = False,
 ) -> int:
     if slurm_node is not None and not slurm:
         raise InputError("--slurm-node needs --slurm")
+    if dry_run and not slurm:
+        raise InputError("--dry-run needs --slurm (gpu-tune check alone tells no scheduler anything)")
     scontrol = None
     if slurm:  # Slurm's command and configuration, and the name, checked before anything runs
         import os
@@ -47,16 +53,16 @@ def check_cmd(
         check_names(slurm_node, os.environ)
         scontrol = Scontrol()
     fs = open_host(g)
-    v, host, doc, gpus, topo_doc = _judge(g, fs, profile, probe, device)
+    v, host, doc, gpus, topo_doc = _judge(g, fs, profile, probe, device, read_only=dry_run)
     if scontrol is not None:
-        return _slurm(g, fs, v, host, doc, gpus, topo_doc, slurm_node, scontrol)
+        return _slurm(g, fs, v, host, doc, gpus, topo_doc, slurm_node, scontrol, dry_run=dry_run)
     _print_verdict(g, v, host, doc)
     return 0 if v.ready else 1
 
 
-def _judge(g: Globals, fs, profile: str, probe: bool, device: Device):
+def _judge(g: Globals, fs, profile: str, probe: bool, device: Device, *, read_only: bool = False):
     """The verdict of one pass, as ``/readiness`` has it: (verdict, host health, document, GPUs,
-    topology document)."""
+    topology document). ``read_only``: the health state is read, never written (a dry run)."""
     import time
 
     from gpu_tune.discover.topology import discover
@@ -64,6 +70,7 @@ def _judge(g: Globals, fs, profile: str, probe: bool, device: Device):
     from gpu_tune.judge.checks.expect import device_ids, expectations
     from gpu_tune.judge.checks.monitor import HealthMonitor
     from gpu_tune.judge.checks.network import named_ports
+    from gpu_tune.judge.policy import policy_of
     from gpu_tune.judge.readiness import verdict
     from gpu_tune.timestamps import format_rfc3339
     from gpu_tune.tune import engine
@@ -77,7 +84,7 @@ def _judge(g: Globals, fs, profile: str, probe: bool, device: Device):
     topo_doc = topo.as_dict()
     report = engine.audit(engine.make_context(fs, prof, backend)).as_dict()
     gpus = backend.gpus()
-    monitor = HealthMonitor(fs)
+    monitor = HealthMonitor(fs, policy=policy_of(prof).xid, read_only=read_only)
     host = view = None
     try:
         host, view = monitor.read(gpus, topo_doc, ib_named=named_ports(prof))
@@ -89,7 +96,9 @@ def _judge(g: Globals, fs, profile: str, probe: bool, device: Device):
         monitor.close()
     expect = expectations(prof, baselines, gpus, device_ids=device_ids(topo_doc))
     probes = None
-    if probe:
+    from gpu_tune.judge.checks.probe import Probe
+
+    if probe and not policy_of(prof).all_off(Probe()):  # every probe check off: the probe is not run
         targets = probe_mod.plan_targets(topo, prof, backend, gpu="all", device=device.value)
         probes = [v.as_dict() for v in probe_mod.run_probes(targets, prof.probe, baselines, data=None, timeout=None,
                                                             device=device.value, previous=None, gpu_backend=backend)]
@@ -101,7 +110,7 @@ def _judge(g: Globals, fs, profile: str, probe: bool, device: Device):
 
 def _doc(v, profile: str, since: str) -> dict:
     return {"ready": v.ready, "node": socket.gethostname(), "profile": profile, "reason": v.reason(),
-            "message": v.message(), "checks": [c.as_dict() for c in v.checks], "since": since}
+            "message": v.message(), "checks": [c.as_dict() for c in v.checks], "since": since, **v.policy_doc()}
 
 
 def _print_verdict(g: Globals, v, host, doc: dict) -> None:
@@ -113,26 +122,34 @@ def _print_verdict(g: Globals, v, host, doc: dict) -> None:
         console().print(render_checks(v, host=host))
 
 
-def _slurm(g: Globals, fs, v, host, doc: dict, gpus, topo_doc, slurm_node: Optional[str], scontrol) -> int:
+def _slurm(g: Globals, fs, v, host, doc: dict, gpus, topo_doc, slurm_node: Optional[str], scontrol, *,
+           dry_run: bool = False) -> int:
     """``check --slurm``: the verdict with Slurm's GPU count beside the host's, told to Slurm
     (gpu_tune.slurm). Table output: the verdict in a few lines (what slurmd writes to its log
-    when the check fails); stderr: what was done in Slurm, one line."""
+    when the check fails); stderr: what was done in Slurm, one line. ``dry_run``: what would be
+    done, and the reason it would write; nothing written."""
     import sys
 
     from gpu_tune.slurm.health import SlurmRefused, SlurmUnreachable, slurm_pass
 
     try:
-        done = slurm_pass(fs, v, gpus, topo_doc, node_flag=slurm_node, scontrol=scontrol)
+        done = slurm_pass(fs, v, gpus, topo_doc, node_flag=slurm_node, scontrol=scontrol, dry_run=dry_run)
     except (SlurmUnreachable, SlurmRefused):
         if g.output != "json":
             print(_summary(v))
         raise
-    doc = {**_doc(done.verdict, doc["profile"], doc["since"]), "slurm": done.as_dict()}
+    doc = {**_doc(done.verdict, doc["profile"], doc["since"]), "slurm": {**done.as_dict(), "dry_run": dry_run}}
     if g.output == "json":
         print_json(doc)
     else:
         print(_summary(done.verdict))
-    print(f"gpu-tune: {done.line}", file=sys.stderr)
+        if dry_run:
+            d = done.decision
+            would = (f"would {'resume' if d.action == 'resume' else 'drain'} {done.node} with Reason={d.reason!r}"
+                     if d.writes else f"would write nothing to Slurm ({d.action})")
+            print(f"dry run: {would}")
+    line = f"dry run, nothing written: {done.line}" if dry_run else done.line
+    print(f"gpu-tune: {line}", file=sys.stderr)
     return 0 if done.verdict.ready else 1
 
 
@@ -141,7 +158,8 @@ def _summary(v) -> str:
     from gpu_tune.views.text import printable
 
     lines = [f"{'ready' if v.ready else 'not ready'}: {v.reason()}: {v.message()}"]
-    lines += [f"  {c.name} ({c.severity}): {c.detail}" for c in v.checks if not c.ok]
+    lines += [f"  {c.name} ({c.severity}{'' if c.severity_from == 'catalog' else ' by ' + c.severity_from}): "
+              f"{c.detail}" for c in v.checks if not c.ok]
     return printable("\n".join(lines))
 
 

@@ -21,11 +21,14 @@ from gpu_tune.errors import InputError
 
 @command("profiles", help="List the profiles with their summaries.")
 def profiles_cmd(g: Globals) -> int:
+    from gpu_tune.judge.policy import policy_of
     from gpu_tune.tune.policy import load_all
 
     profiles = load_all(g.policy_dir)
+    digests = [policy_of(p).digest for p in profiles]  # the operator's policy checked whole, as everywhere
     if g.output == "json":
-        print_json({"profiles": [{"name": p.name, "summary": p.summary} for p in profiles]})
+        print_json({"profiles": [{"name": p.name, "summary": p.summary, "digest": d}
+                                 for p, d in zip(profiles, digests)]})
         return 0
     from rich.table import Table
 

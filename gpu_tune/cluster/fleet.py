@@ -6,7 +6,9 @@ What a node shows, and where it comes from (all written by the agent: docs/cli.m
 ==============  ===================================================================================
 status          ``Ready`` / ``NotReady`` from the ``GPUHostReady`` condition; ``NotReporting`` (below)
 since           the condition's ``lastTransitionTime`` (when readiness last changed)
-profile         label ``gpu-tune.io/profile``
+profile         label ``gpu-tune.io/profile``, and ``@`` the first 8 hex digits of the annotation
+                ``gpu-tune.io/profile-digest`` (the profile as loaded: nodes running different
+                policies under one name show different digests)
 GPUs            labels ``gpu-tune.io/gpu-count`` and ``gpu-tune.io/gpu-product`` (else the GPU
                 Operator's ``nvidia.com/gpu.count`` / ``nvidia.com/gpu.product``, else the Node's
                 ``nvidia.com/gpu`` capacity). On a GPU node where the agent sees no GPU
@@ -22,7 +24,9 @@ gain            ``gain`` of the summary: the tuning gain the agent measured at i
                 ``?`` (inconclusive); ``-`` when not measured. Per GPU model, the median images/s
                 ratio over its nodes with a measured ratio
 reasons         ``failing`` of the summary: each failing check and its detail (an agent without the
-                summary annotation: the check names of the condition's message)
+                summary annotation: the check names of the condition's message), with the severity it
+                ran with and the profile's key where the profile set it (``weights`` of the summary:
+                ``[warning readiness.checks.network.infiniband]``)
 ==============  ===================================================================================
 
 A node is listed when it runs the agent (a ``GPUHostReady`` condition, or ``gpu-tune.io/`` labels)
@@ -45,6 +49,7 @@ from dataclasses import dataclass, field
 from typing import Any, Iterable, Mapping
 
 from gpu_tune.cluster.labels import (
+    ANNOTATION_DIGEST,
     ANNOTATION_SUMMARY,
     CONDITION_TYPE,
     LABEL_GPU_COUNT,
@@ -79,6 +84,13 @@ class FleetNode:
     gain: Mapping[str, Any] = field(default_factory=dict)  # the summary's gain: verdict, ratio, ci95
     agent_gpu_count: int | None = None  # the agent's own count (label gpu-tune.io/gpu-count)
     agent_sees_none: bool = False  # a GPU node (labels, device-plugin capacity) where the agent sees no GPU
+    profile_digest: str | None = None  # annotation gpu-tune.io/profile-digest
+    weights: Mapping[str, str] = field(default_factory=dict)  # check -> "severity key", where the profile set it
+
+    def profile_text(self) -> str:
+        """The PROFILE column: ``training@73e73197``."""
+        digest = (self.profile_digest or "").split(":", 1)[-1][:8]
+        return f"{self.profile or '-'}@{digest}" if digest else (self.profile or "-")
 
     def gpus_text(self) -> str:
         """The GPUS column."""
@@ -119,7 +131,7 @@ class FleetNode:
                 "agent_sees_none": self.agent_sees_none, "drift": self.drift,
                 "probe": {"passed": passed, "targets": total, "by_target": dict(self.probe)},
                 "failing": [dict(f) for f in self.failing], "reason": self.reason, "warnings": list(self.warnings),
-                "gain": dict(self.gain) or None}
+                "gain": dict(self.gain) or None, "profile_digest": self.profile_digest, "weights": dict(self.weights)}
 
 
 @dataclass(frozen=True)
@@ -230,7 +242,11 @@ def judge_node(node: Mapping[str, Any], *, now: float, stale_after_s: float = ST
     drift = summary.get("drift")
     probe = summary.get("probe")
     gain = summary.get("gain")
+    weights = summary.get("weights")
+    digest = annotations.get(ANNOTATION_DIGEST)
     base = dict(name=name, profile=labels.get(LABEL_PROFILE), gpu_model=str(model), gpu_count=count,
+                profile_digest=str(digest)[:80] if isinstance(digest, str) and digest else None,
+                weights={str(k): str(v) for k, v in weights.items()} if isinstance(weights, Mapping) else {},
                 agent_gpu_count=agent_count, agent_sees_none=sees_none,
                 drift=drift if isinstance(drift, int) and not isinstance(drift, bool) else None,
                 probe=probe if isinstance(probe, Mapping) else {},
@@ -319,10 +335,20 @@ def _reasons(row: FleetNode) -> str:
     for f in row.failing:
         d = " ".join(str(f.get("detail", "")).split())
         d = d if len(d) <= MAX_TABLE_DETAIL else d[:MAX_TABLE_DETAIL - 1] + "…"
-        parts.append(f"{f.get('check')}: {d}" if d else str(f.get("check")))
+        name = _weighed(row, str(f.get("check")))
+        parts.append(f"{name}: {d}" if d else name)
     if row.warnings:
-        parts.append(f"warnings: {', '.join(row.warnings)}")
+        parts.append(f"warnings: {', '.join(_weighed(row, w) for w in row.warnings)}")
+    off = sorted(n for n, w in row.weights.items() if w.startswith("off "))
+    if off:
+        parts.append(f"off: {', '.join(off)}")
     return "; ".join(parts)
+
+
+def _weighed(row: FleetNode, check: str) -> str:
+    """A check's name, with its weight where the profile set it: ``gpu.inforom [fatal readiness.checks.gpu.inforom]``."""
+    w = row.weights.get(check)
+    return f"{check} [{w}]" if w else check
 
 
 def render_table(report: FleetReport) -> str:
@@ -334,7 +360,7 @@ def render_table(report: FleetReport) -> str:
         since = _epoch(r.since)
         passed, total = r.probe_counts()
         gpus = r.gpus_text()
-        lines.append((r.name, r.status, age(report.generated_at - since) if since else "-", r.profile or "-", gpus,
+        lines.append((r.name, r.status, age(report.generated_at - since) if since else "-", r.profile_text(), gpus,
                       "-" if r.drift is None else str(r.drift), f"{passed}/{total}" if total else "-",
                       r.gain_text(), _reasons(r)))
     widths = [max(len(row[i]) for row in lines) for i in range(len(head) - 1)]

@@ -33,6 +33,8 @@ Annotations: ``gpu-tune.io/topology`` (the topology document as compact JSON wit
 volatile readings such as free memory or temperatures left out so the value only changes when
 the hardware does), ``gpu-tune.io/owned-labels`` (comma-separated label keys this agent
 wrote; stale ones are removed on the next publish, others' labels are never touched) and
+``gpu-tune.io/profile-digest`` (``sha256:`` and 16 hex digits of the profile as loaded, includes
+merged: nodes running different policies under one profile name differ) and
 ``gpu-tune.io/summary`` (what ``gpu-tune fleet`` shows, compact JSON with sorted keys):
 
 .. code-block:: json
@@ -45,7 +47,10 @@ wrote; stale ones are removed on the next publish, others' labels are never touc
 ``drift`` is the number of audit rows in drift, conflict or error (null before the first audit);
 ``failing`` the failing fatal readiness checks with their detail, the most urgent first (readings that move from pass to
 pass, a GPU's utilization or temperature, are left out of it); ``warnings`` (only when some fail)
-the names of the failing warning checks; ``probe`` one entry per probe target: its
+the names of the failing warning checks; ``weights`` (only when the profile sets some) each check
+whose severity is not the catalog's, with the severity it runs with and the profile's key
+(``"gpu.inforom": "off readiness.checks.gpu.inforom"``: the checks turned off are listed there too);
+``probe`` one entry per probe target: its
 status, the accuracy and fingerprint of the deterministic run and, for a GPU, ``datapath``: the
 verdict on its host<->GPU and memory bandwidth (``ok``, ``below floor``, ``not judged`` without a
 floor for the model, ``not measured``; the figures move from run to run and stay in the metrics
@@ -96,6 +101,7 @@ LABEL_NIC_COUNT = PREFIX + "nic-count"
 ANNOTATION_TOPOLOGY = PREFIX + "topology"
 ANNOTATION_OWNED = PREFIX + "owned-labels"
 ANNOTATION_SUMMARY = PREFIX + "summary"
+ANNOTATION_DIGEST = PREFIX + "profile-digest"
 SUMMARY_VERSION = 1
 
 CONDITION_TYPE = "GPUHostReady"
@@ -318,9 +324,11 @@ def gain_summary(gain: Mapping[str, Any] | None) -> dict[str, Any] | None:
 
 
 def node_summary(*, audit: Mapping[str, Any] | None, checks: Iterable[Any] | None,
-                 probes: Sequence[Mapping[str, Any]] | None, gain: Mapping[str, Any] | None = None) -> dict[str, Any]:
+                 probes: Sequence[Mapping[str, Any]] | None, gain: Mapping[str, Any] | None = None,
+                 off: Iterable[tuple[str, Any]] = ()) -> dict[str, Any]:
     """The ``gpu-tune.io/summary`` document (see the module docstring). ``checks`` are readiness
-    checks (objects or mappings with name, ok, detail); ``probes`` probe verdicts as documents."""
+    checks (objects or mappings with name, ok, detail); ``probes`` probe verdicts as documents;
+    ``off``: the checks the profile turns off, (name, weight)."""
     drift = None
     if isinstance(audit, Mapping):
         drift = sum(1 for r in audit.get("settings", []) or [] if _get(r, "status") in NONCOMPLIANT)
@@ -340,6 +348,11 @@ def node_summary(*, audit: Mapping[str, Any] | None, checks: Iterable[Any] | Non
     warn = sorted({str(_get(c, "name")) for c in checks if not _get(c, "ok") and _get(c, "severity") == "warning"})
     if warn:
         doc["warnings"] = warn[:MAX_SUMMARY_FAILING]
+    weights = {str(_get(c, "name")): f"{_get(c, 'severity')} {_get(c, 'policy_key')}" for c in checks
+               if _get(c, "policy_key")}
+    weights.update({name: f"off {w.key}" for name, w in off})
+    if weights:
+        doc["weights"] = dict(sorted(weights.items())[:MAX_SUMMARY_FAILING * 4])
     probe: dict[str, Any] = {}
     for p in probes or []:
         if not isinstance(p, Mapping):
@@ -397,6 +410,8 @@ def desired_node_state(
     mode: str = "enforce",
     gain: Mapping[str, Any] | None = None,
     hardware: tuple[str, bool, str, str] | None = None,
+    off: Iterable[tuple[str, Any]] = (),
+    digest: str = "",
 ) -> NodeWant:
     """The labels, annotations, ``GPUHostReady`` condition and taint wish for one verdict. The
     agent and ``gpu-tune label`` come here through :func:`gpu_tune.cluster.node_state.node_want`
@@ -409,6 +424,8 @@ def desired_node_state(
     and ``probes`` (probe verdict documents) make the ``gpu-tune.io/summary`` annotation.
     ``mode`` ``audit`` or ``revert``: the taint is never wanted (see the module docstring).
     ``hardware``: (condition type, ready, reason, message) of the hardware condition, or None.
+    ``off`` (the checks the profile turns off) and ``digest`` (the profile's): the operator's policy
+    as the Node shows it.
     """
     topology = topology if isinstance(topology, dict) else {}
     rows = _gpu_rows(gpus, topology)
@@ -445,8 +462,11 @@ def desired_node_state(
     annotations = {
         ANNOTATION_TOPOLOGY: topology_annotation(topology),
         ANNOTATION_OWNED: ",".join(sorted(labels)),
-        ANNOTATION_SUMMARY: summary_annotation(node_summary(audit=audit, checks=checks, probes=probes, gain=gain)),
+        ANNOTATION_SUMMARY: summary_annotation(node_summary(audit=audit, checks=checks, probes=probes, gain=gain,
+                                                            off=off)),
     }
+    if digest:
+        annotations[ANNOTATION_DIGEST] = digest
     condition = {
         "type": CONDITION_TYPE,
         "status": "True" if ready else "False",

@@ -82,7 +82,8 @@ def node_want(v: Any, *, profile: Any, mode: str, topology: Mapping[str, Any] | 
                               driver_version=driver_version,
                               taint_when_not_ready=bool(getattr(readiness, "taint", True)),
                               checks=v.checks, audit=audit, probes=probes, mode=mode, gain=gain,
-                              hardware=hardware(hardware_condition, v))
+                              hardware=hardware(hardware_condition, v), off=getattr(v, "off", ()),
+                              digest=getattr(getattr(v, "policy", None), "digest", ""))
 
 
 def hardware(ctype: str | None, v: Any) -> tuple[str, bool, str, str] | None:

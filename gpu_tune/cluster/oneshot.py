@@ -37,7 +37,10 @@ def label_once(g: Any, *, profile: str, node: str | None, kubeconfig: str | None
     from gpu_tune.judge.probe.saved import load_probe_results
     from gpu_tune.discover.topology import discover
 
+    from gpu_tune.judge.policy import policy_of
+
     prof = load_profile(profile, g.policy_dir)
+    policy = policy_of(prof)
     fs = HostFS(g.root)
     backend = select_backend(g.gpu_backend, g.gpu_fixture)
     errors: dict[str, str] = {}
@@ -56,7 +59,7 @@ def label_once(g: Any, *, profile: str, node: str | None, kubeconfig: str | None
     probes = load_probe_results(fs, prof.name)  # bad input (a state file not ours) before anything is written
     infos = [GpuInfo.from_dict(d) for d in gpus]
     expect = expectations(prof, load_baselines(g.policy_dir), infos, device_ids=device_ids(topo_doc))
-    monitor = HealthMonitor(fs)
+    monitor = HealthMonitor(fs, policy=policy.xid)
     try:
         host, history = monitor.read(infos, topo_doc)
     finally:

@@ -20,7 +20,7 @@ fatal one (:class:`gpu_tune.discover.xids.Sightings`).
 from __future__ import annotations
 
 from dataclasses import dataclass, field
-from typing import Any, Iterable
+from typing import Any, Callable, Iterable
 
 from gpu_tune.discover.xids import (FATAL, MAX_SIGHTINGS, NOTED, OTHER, WANT, XID_RE, KernelLogStatus, Rank,  # noqa: F401
                                     XidSighting, is_sxid_detail, parse_kernel_line, read_kernel_xids)
@@ -60,10 +60,10 @@ class HostHealth:
 
 
 def read_host_health(fs: HostFS, log: KernelLog | None, gpu_bus_ids: Iterable[str], rank: Rank | None = None,
-                     *, ib_named: Iterable[str] = ()) -> HostHealth:
+                     *, ib_named: Iterable[str] = (), timed: Callable[[str, int], bool] | None = None) -> HostHealth:
     """Everything above; ``log`` None leaves the kernel log unread (its status says so); ``rank``:
-    how much each XID sighting matters (:mod:`gpu_tune.discover.xids`); ``ib_named``: the
-    InfiniBand ports a profile names (read first)."""
+    how much each XID sighting matters and ``timed``: the XIDs whose bursts are kept
+    (:mod:`gpu_tune.discover.xids`); ``ib_named``: the InfiniBand ports a profile names (read first)."""
     gpu_bus_ids = sorted(set(gpu_bus_ids))
     boot = read_boot_id(fs)
     up = read_uptime_usec(fs)
@@ -71,7 +71,7 @@ def read_host_health(fs: HostFS, log: KernelLog | None, gpu_bus_ids: Iterable[st
     if log is None:
         xids, status = (), KernelLogStatus(source="", error="the kernel log is not read here")
     else:
-        xids, status = read_kernel_xids(log, rank, gpu_bus_ids)
+        xids, status = read_kernel_xids(log, rank, gpu_bus_ids, timed)
     aer, links = [], []
     for bus in gpu_bus_ids:
         counts = read_aer(fs, bus)

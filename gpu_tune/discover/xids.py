@@ -11,6 +11,7 @@ record). Nothing here judges: which codes are fatal is the catalog's (a judge pa
 
 from __future__ import annotations
 
+import bisect
 import re
 from dataclasses import dataclass, replace
 from typing import Any, Callable, Iterable
@@ -23,6 +24,12 @@ MAX_FATAL_BUSES = 64  # addresses with a fatal sighting besides the node's own G
 #                       NVSwitches than a node has (HGX: 8 and 4; the largest: 16 and 12)
 MAX_NOTED = 64  # sightings to name in a warning (unknown codes), kept per read
 MAX_MESSAGE = 240
+# Bursts (docs/health.md "Your policy"): the records of one XID on one GPU less than this far apart are
+# one burst, one fault (a fault prints a line per SM or channel within milliseconds; a job torn down
+# logs its 43s and 45s within seconds). Kept, with their kernel times, for the XIDs a repeat rule
+# counts (a judge's ``timed``), at most MAX_BURSTS per sighting (the newest).
+BURST_GAP_USEC = 10_000_000
+MAX_BURSTS = 256
 
 # How much a sighting matters, for what is kept when the bounds are reached (a judge passes its
 # own rank: gpu_tune.judge.checks.catalog.sighting_rank): fatal ones are always kept (within
@@ -83,6 +90,8 @@ class XidSighting:
     severity_word: str | None = None  # an SXid's own "Fatal" / "Non-fatal"
     device: str | None = None  # an SXid's "nvidia-nvswitchN"
     rank: int = FATAL  # OTHER, NOTED or FATAL, as the reader's rank said
+    # for an XID a repeat rule counts: its bursts, (first usec, last usec, records), oldest first
+    bursts: tuple[tuple[int, int, int], ...] = ()
 
     def key(self) -> tuple[str, str, int]:
         return (self.kind, self.bus, self.code)
@@ -157,6 +166,22 @@ def is_sxid_detail(message: str) -> bool:
     return bool(SXID_ANY.match(message)) and SXID_RE.match(message) is None
 
 
+def merge_burst(bursts: list[list[int]], start: int, end: int, n: int = 1, gap: int = BURST_GAP_USEC) -> None:
+    """Put the span ``[start, end]`` (``n`` records) into ``bursts`` (``[first, last, records]``
+    lists, sorted, each more than ``gap`` from the next), merging the ones it comes within ``gap``
+    of. Putting a span in again changes no span: a log read twice gives the same bursts."""
+    i = bisect.bisect_left(bursts, [start])
+    lo = i - 1 if i > 0 and bursts[i - 1][1] + gap >= start else i
+    hi = i
+    while hi < len(bursts) and bursts[hi][0] - gap <= end:
+        hi += 1
+    if lo == hi:
+        bursts.insert(i, [start, end, n])
+        return
+    near = bursts[lo:hi]
+    bursts[lo:hi] = [[min(start, near[0][0]), max(end, max(b[1] for b in near)), n + sum(b[2] for b in near)]]
+
+
 def keep_all(kind: str, code: int, rest: str, severity_word: str | None) -> int:
     """The rank without a catalog: every sighting may be fatal, except what says it is not
     (an SXid's ``Non-fatal``, an NVLink5 XID's ``Nonfatal``)."""
@@ -173,15 +198,19 @@ class Sightings:
     (:data:`MAX_NOTED` of those to name in a warning). A sighting seen again keeps its worst
     record's text: the rank decides, never the order of the records."""
 
-    def __init__(self, rank: Rank | None = None, own_buses: Iterable[str] = ()) -> None:
+    def __init__(self, rank: Rank | None = None, own_buses: Iterable[str] = (),
+                 timed: Callable[[str, int], bool] | None = None) -> None:
         self.rank = rank or keep_all
+        self.timed = timed  # the codes whose bursts are kept (a repeat rule counts them)
         self.own = {_device(b) for b in own_buses}
         self.items: dict[tuple[str, str, int], dict[str, Any]] = {}
         self.fatal_codes: dict[str, int] = {}  # address -> fatal codes kept
         self.kept = {OTHER: 0, NOTED: 0}
         self.dropped = self.dropped_fatal = 0
 
-    def _room(self, bus: str, rank: int) -> bool:
+    def _room(self, bus: str, rank: int, timed: bool = False) -> bool:
+        if timed and _device(bus) in self.own:
+            return True  # a node's own GPU's record that a repeat rule counts: kept, as a fatal one is
         if rank >= FATAL:
             n = self.fatal_codes.get(bus, 0)
             if n >= MAX_FATAL_PER_BUS or (n == 0 and _device(bus) not in self.own
@@ -202,12 +231,18 @@ class Sightings:
         s = self.items.get(key)
         if s is None:
             rank = max(OTHER, min(FATAL, int(self.rank(kind, code, rest, sev))))
-            if self._room(bus, rank):
+            timed = self.timed is not None and kind == "xid" and self.timed(kind, code)
+            if self._room(bus, rank, timed):
                 self.items[key] = {"count": 1, "first_usec": rec.usec, "last_usec": rec.usec,
-                                   "message": rest[:MAX_MESSAGE], "severity_word": sev, "device": dev, "rank": rank}
+                                   "message": rest[:MAX_MESSAGE], "severity_word": sev, "device": dev, "rank": rank,
+                                   "bursts": ([] if rec.usec is None else [[rec.usec, rec.usec, 1]]) if timed else None}
             return
         s["count"] += 1
         u = rec.usec
+        if s["bursts"] is not None and u is not None:
+            merge_burst(s["bursts"], u, u)
+            if len(s["bursts"]) > MAX_BURSTS:
+                del s["bursts"][0]
         if u is not None:
             if s["first_usec"] is None or u < s["first_usec"]:
                 s["first_usec"] = u
@@ -226,16 +261,20 @@ class Sightings:
             s.update(message=rest[:MAX_MESSAGE], severity_word=sev, rank=rank)
 
     def sightings(self) -> tuple[XidSighting, ...]:
-        return tuple(XidSighting(kind=k[0], bus=k[1], code=k[2], **v) for k, v in self.items.items())
+        return tuple(XidSighting(kind=k[0], bus=k[1], code=k[2], **{**v, "bursts": tuple(map(tuple, v["bursts"] or ()))})
+                     for k, v in self.items.items())
 
 
-def read_kernel_xids(log: KernelLog, rank: Rank | None = None, own_buses: Iterable[str] = ()
+def read_kernel_xids(log: KernelLog, rank: Rank | None = None, own_buses: Iterable[str] = (),
+                     timed: Callable[[str, int], bool] | None = None
                      ) -> tuple[tuple[XidSighting, ...], KernelLogStatus]:
     """The XID and SXid sightings among the kernel's records that ``log`` has not handed out yet.
     ``rank`` says how much each matters (:func:`keep_all` without one); ``own_buses``: the node's
-    GPUs, whose fatal sightings are kept whatever else the log holds."""
+    GPUs, whose fatal sightings are kept whatever else the log holds; ``timed``: the XIDs whose
+    bursts are kept (with their kernel times), those of the node's own GPUs whatever else the log
+    holds."""
     stats = ReadStats()
-    table = Sightings(rank, own_buses)
+    table = Sightings(rank, own_buses, timed)
     malformed = embedded = 0
     add, xid = table.add, XID_RE.match
     for rec in log.read(WANT, stats, kernel_only=True):

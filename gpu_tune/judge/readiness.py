@@ -16,6 +16,11 @@ check's figures and names the other failing fatal checks, short enough for ``kub
 node`` and stable from pass to pass (no reading that moves every pass, so a steady node is not
 rewritten). :meth:`Verdict.hardware` is the same judgement over the hardware's own categories
 only: the condition a node auto-repair controller may act on (docs/health.md).
+
+The severity each check runs with is the operator's policy's (:mod:`gpu_tune.judge.policy`): one
+step between the families and the verdict. A check whose severity the profile set names the key in
+its headline (``[readiness.checks.gpu.inforom]``), so the condition, its Events and a Slurm drain
+reason say whose decision it was; the checks the profile turns off are said once (:attr:`Verdict.off`).
 """
 
 from __future__ import annotations
@@ -28,6 +33,7 @@ from gpu_tune.gpu.base import GpuInfo
 from gpu_tune.judge.checks import CATEGORIES, HARDWARE, REGISTRY, Check, Expect, Facts
 from gpu_tune.judge.checks.pcie import BUSY_UTILIZATION_PERCENT
 from gpu_tune.judge.checks.tuning import reverted_check, tuning_check
+from gpu_tune.judge.policy import Policy, policy_of
 
 __all__ = ["BUSY_UTILIZATION_PERCENT", "Check", "REASONS", "Verdict", "VOLATILE_READINGS", "reverted_check",
            "tuning_check", "verdict", "without_readings"]
@@ -45,6 +51,12 @@ REASONS = (
     ("gpu.driver_cuda", "DriverTooOldForCuda"), ("probe.ran", "ProbePending"), ("probe.*.passed", "ProbeFailed"),
     ("tuning.reverted", "Reverted"), ("tuning.compliant", "TuningNotCompliant"),
     ("topology.published", "NotPublished"),
+    # warnings by default: their reason where a profile makes them fatal (readiness.checks)
+    ("gpu.readings", "GpuReadingsFailed"), ("gpu.health_state", "HealthStateNotKept"),
+    ("gpu.kernel_log", "KernelLogNotRead"), ("gpu.xid_unknown", "UnknownXid"), ("gpu.xid_recurring", "RecurringXid"),
+    ("gpu.recovery_p2p", "GpuP2pDrainAsked"), ("gpu.inforom", "InforomInvalid"),
+    ("network.link_flaps", "InfinibandLinkFlaps"), ("gpu.pcie_errors", "PcieErrors"),
+    ("gpu.clocks", "GpuClocksSlowed"),
 )
 # Readings that move from one pass to the next, and their stable stand-ins: kept out of what is
 # written to the Node (the condition's message, the summary annotation), so a steady node is not
@@ -81,7 +93,11 @@ def _first_clause(detail: str) -> str:
 
 
 def headline(c: Check) -> str:
+    """A failing check's figures in a few words; ``[readiness.checks.NAME]`` first when the profile set
+    its severity (the condition, its Events and a Slurm drain reason name whose decision it was)."""
     text = without_readings(c.summary or _first_clause(c.detail))
+    if c.policy_key:
+        text = f"[{c.policy_key}] {text}"
     return text if len(text) <= MAX_HEADLINE else text[:MAX_HEADLINE - 1] + "…"
 
 
@@ -89,6 +105,22 @@ def headline(c: Check) -> str:
 class Verdict:
     ready: bool
     checks: tuple[Check, ...] = field(default_factory=tuple)
+    # the checks the profile turns off: (name, gpu_tune.judge.policy.Weight), said once
+    off: tuple[tuple[str, Any], ...] = ()
+    policy: Policy | None = None  # what the checks were weighed by (None: the catalog alone)
+
+    def plus(self, check: Check) -> "Verdict":
+        """This verdict with one more check (a scheduler's: slurm.gres), weighed by the same policy."""
+        pol = self.policy or Policy()
+        w = pol.weight(check.name, check.severity)
+        if w.severity == "off":
+            return Verdict(self.ready, self.checks, self.off + ((check.name, w),), self.policy)
+        checks = self.checks + tuple(pol.weigh([check]))
+        return Verdict(all(c.ok for c in checks if c.gating), checks, self.off, self.policy)
+
+    def off_words(self) -> str:
+        """``gpu.inforom off by profile training: readiness.checks.gpu.inforom; ...`` ("" when none)."""
+        return "; ".join(f"{name} off by {w.by}" for name, w in self.off)
 
     @property
     def failed(self) -> tuple[Check, ...]:
@@ -120,7 +152,10 @@ class Verdict:
         names of the others. Stable from pass to pass (no reading that moves every pass)."""
         if self.ready:
             n = len([c for c in self.checks if c.gating])
-            return f"all {n} checks passed"
+            off = f"; off by profile {self.policy.profile}: {', '.join(n for n, _ in self.off)}" \
+                if self.off and self.policy is not None else ""
+            text = f"all {n} checks passed{off}"
+            return text if len(text) <= MAX_MESSAGE else text[:MAX_MESSAGE - 1] + "…"
         top = self.most_urgent()
         assert top is not None
         text = f"{top.name}: {headline(top)}".rstrip(": ")
@@ -133,11 +168,17 @@ class Verdict:
         """The verdict over the hardware's own checks (lost GPUs, XIDs, memory, fabric, network,
         PCIe, thermals): what a node auto-repair controller may act on."""
         hw = tuple(c for c in self.checks if c.category in HARDWARE)
-        return Verdict(all(c.ok for c in hw if c.gating), hw)
+        return Verdict(all(c.ok for c in hw if c.gating), hw, policy=self.policy)
+
+    def policy_doc(self) -> dict[str, Any]:
+        """What /readiness and ``gpu-tune check -o json`` say of the policy: the profile's digest and
+        the checks it turns off, each with where that came from."""
+        return {"profile_digest": self.policy.digest if self.policy is not None else "",
+                "off": [{"name": name, "severity_from": w.by} for name, w in self.off]}
 
     def as_dict(self) -> dict[str, Any]:
         return {"ready": self.ready, "reason": self.reason(), "message": self.message(),
-                "checks": [c.as_dict() for c in self.checks]}
+                "checks": [c.as_dict() for c in self.checks], **self.policy_doc()}
 
 
 def _gpu_infos(gpus: Iterable[Any] | None) -> tuple[GpuInfo, ...]:
@@ -174,12 +215,17 @@ def verdict(
     :class:`~gpu_tune.discover.health.HostHealth`), ``history`` (a
     :class:`~gpu_tune.judge.checks.state.HealthView`) and ``expect`` feed the health families; without
     them those families judge what the GPU backend alone says. The one verdict of the agent
-    (``serve``), ``gpu-tune label`` and ``gpu-tune check``."""
+    (``serve``), ``gpu-tune label`` and ``gpu-tune check``. The profile's policy
+    (:func:`~gpu_tune.judge.policy.policy_of`) weighs what the families report; a family whose
+    every check it turns off is not run."""
+    pol = policy_of(profile)
     facts = Facts(profile=profile, audit=audit, gpus=_gpu_infos(gpus), topology=topology, probes=probes,
                   publish=publish, node_facts=publish if publish is not None else last_publish,
                   errors=dict(errors or {}), mode=mode, pending_publish=pending_publish, revert=revert,
-                  host=host, history=history, expect=expect or Expect())
+                  host=host, history=history, expect=expect or Expect(), policy=pol)
     checks: list[Check] = []
     for family in REGISTRY:
-        checks += family.evaluate(facts)
-    return Verdict(all(c.ok for c in checks if c.gating), tuple(checks))
+        if not pol.all_off(family):
+            checks += family.evaluate(facts)
+    checks = pol.weigh(checks)
+    return Verdict(all(c.ok for c in checks if c.gating), tuple(checks), pol.off(), pol)

@@ -91,6 +91,12 @@ FAMILIES: dict[str, tuple[str, tuple[str, ...]]] = {
     "gpu_tune_build_info": ("gpu-tune build information (always 1)", ("version",)),
     "gpu_tune_ready": ("1 when the node passes every readiness check, else 0", ()),
     "gpu_tune_check_ok": ("1 when the readiness check passes, else 0", ("check",)),
+    "gpu_tune_check_severity_info": ("The severity each readiness check runs with (fatal, warning, or off: not "
+                                     "evaluated) and where it came from (by: catalog, or the profile's key, "
+                                     "readiness.checks.NAME); always 1", ("check", "severity", "by")),
+    "gpu_tune_profile_info": ("The profile the agent runs and its digest (sha256 of the profile as loaded, "
+                              "includes merged: nodes on different policies differ); always 1",
+                              ("profile", "digest")),
     "gpu_tune_setting_compliant": ("1 when every target of the setting is ok or unsupported, else 0", ("id",)),
     "gpu_tune_setting_targets": ("Targets of the setting in each audit status (no series for a status without "
                                  "targets)", ("id", "status")),
@@ -255,6 +261,7 @@ class SnapshotCollector(Collector):
         for c in snap.verdict.checks:
             checks.add_metric([c.name], 1 if c.ok else 0)
         yield checks
+        yield from policy_families(self, snap)
 
         compliant = self._fam("gpu_tune_setting_compliant")
         targets = self._fam("gpu_tune_setting_targets")
@@ -463,6 +470,22 @@ def _family_rows(gain: Mapping[str, Any]) -> dict[str, tuple[str, float]]:
             if name not in out or r < out[name][1]:
                 out[name] = (str(verdicts.get(name, "inconclusive")), r)
     return out
+
+
+def policy_families(col: "SnapshotCollector", snap: "Snapshot") -> Iterator[GaugeMetricFamily]:
+    """The severity each check ran with and where it came from (the checks turned off too), and
+    the profile's digest (docs/health.md "Your policy")."""
+    sev = col._fam("gpu_tune_check_severity_info")
+    for c in snap.verdict.checks:
+        sev.add_metric([c.name, c.severity, c.policy_key or "catalog"], 1)
+    for name, w in snap.verdict.off:
+        sev.add_metric([name, w.severity, w.key or "catalog"], 1)
+    yield sev
+    pol = snap.verdict.policy
+    prof = col._fam("gpu_tune_profile_info")
+    if pol is not None:
+        prof.add_metric([snap.profile, pol.digest], 1)
+    yield prof
 
 
 def make_registry(source: Callable[[], "Snapshot | None"]) -> CollectorRegistry:

@@ -52,9 +52,13 @@ def serve(options: ServeOptions, *, stages: Stages | None = None,
         arms = 2 + (len(FAMILIES) if getattr(gp, "per_setting", False) else 0)
         rounds = int(gp.pairs or 8)
         hold += (arms * rounds + 1) * float(getattr(pp, "timeout_s", 300.0))  # the gain runs before the probe
+    from gpu_tune.judge.checks.probe import Probe
+    from gpu_tune.judge.policy import policy_of
+
+    probe_on = not policy_of(stages.profile).all_off(Probe())  # every probe check off: the probe is not run
     agent = Agent(stages, mode=options.mode, interval=options.interval,
                   enforce_min_interval=options.enforce_min_interval, jitter=options.jitter,
-                  first_publish_max_wait=hold, metrics_detail=options.metrics_detail)
+                  first_publish_max_wait=hold, metrics_detail=options.metrics_detail, probe_enabled=probe_on)
     app = create_app(agent.state)
     sock = _bind(options.host, int(options.port))
     httpserver.small_receive_buffer(sock)  # the connections it accepts read a few KiB at a time

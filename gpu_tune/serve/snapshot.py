@@ -79,7 +79,8 @@ class Snapshot:
     def readiness_doc(self) -> dict[str, Any]:
         return {"ready": self.verdict.ready, "node": self.node, "profile": self.profile,
                 "reason": self.verdict.reason(), "message": self.verdict.message(),
-                "checks": [c.as_dict() for c in self.verdict.checks], "since": rfc3339(self.since)}
+                "checks": [c.as_dict() for c in self.verdict.checks], "since": rfc3339(self.since),
+                **self.verdict.policy_doc()}
 
     @classmethod
     def build(cls, **kw: Any) -> "Snapshot":

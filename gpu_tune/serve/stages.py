@@ -90,8 +90,11 @@ def default_stages(options: ServeOptions) -> Stages:
     from gpu_tune.errors import InputError
     from gpu_tune.judge.probe.saved import load_probe_results, save_probe_results
 
+    from gpu_tune.judge.policy import policy_of
+
     fs = HostFS(options.root)
     profile = load_profile(options.profile, options.policy_dir)
+    policy = policy_of(profile)  # the operator's policy checked whole before anything runs
     backend = select_backend(options.gpu_backend, options.gpu_fixture)
     log.info("GPU backend %s: %s", getattr(backend, "name", "?"), getattr(backend, "reason", ""))
     node = node_name(options.node)
@@ -170,7 +173,7 @@ def default_stages(options: ServeOptions) -> Stages:
 
     from gpu_tune.judge.checks.monitor import HealthMonitor
 
-    monitor = HealthMonitor(fs)
+    monitor = HealthMonitor(fs, policy=policy.xid)
 
     def health(gpu_docs, topology_doc, clear_tokens=()):
         from gpu_tune.gpu.base import GpuInfo

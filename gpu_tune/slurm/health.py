@@ -146,12 +146,14 @@ def node_name(flag: str | None, env: Mapping[str, str], scontrol: Scontrol | Non
 
 def slurm_pass(fs: HostFS, verdict: Verdict, gpus: Sequence[GpuInfo], topology: Mapping[str, Any] | None, *,
                node_flag: str | None = None, env: Mapping[str, str] | None = None,
-               scontrol: Scontrol | None = None) -> SlurmPass:
-    """Judge the node for Slurm (:func:`judge_node`) and act (:func:`act`)."""
+               scontrol: Scontrol | None = None, dry_run: bool = False) -> SlurmPass:
+    """Judge the node for Slurm (:func:`judge_node`) and act (:func:`act`). ``dry_run``: decide
+    only, writing nothing to Slurm and nothing under the root (not the ready-pass count either)."""
     env = dict(os.environ if env is None else env)
     sc = scontrol or Scontrol(env=env)
     out = judge_node(fs, verdict, gpus, topology, node_flag=node_flag, env=env, scontrol=sc)
-    act(fs, sc, out)
+    if not dry_run:
+        act(fs, sc, out)
     return out
 
 
@@ -168,8 +170,7 @@ def judge_node(fs: HostFS, verdict: Verdict, gpus: Sequence[GpuInfo], topology: 
         raise InputError(f"{exc} (the name came from {named_by})") from None
     except (SlurmUnreachable, SlurmRefused) as exc:
         raise type(exc)(f"{exc}; nothing changed") from None
-    checks = tuple(verdict.checks) + (gres_check(node, gpus, topology),)
-    v = Verdict(all(c.ok for c in checks if c.gating), checks)
+    v = verdict.plus(gres_check(node, gpus, topology))  # weighed by the profile's policy, as every check
     drain = passes.drain_of(node)
     n = passes.ready_before(fs, name, drain) + 1 if v.ready else 0
     return SlurmPass(name, named_by, context, job, node, v, decide(v, node, n), in_a_row=n, drain=drain)

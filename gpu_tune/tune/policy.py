@@ -145,6 +145,7 @@ class _Includes:
         self.policy_dir = policy_dir
         self.parsed = parsed or _Parsed()
         self.done: dict[Path, dict[str, Any]] = {}
+        self.origins: dict[Path, dict[str, str]] = {}  # per file: policy key -> the file that set it
         self.files = 0
         self.edges = 0
 
@@ -169,23 +170,46 @@ class _Includes:
         else:
             raise InputError(f"{path}: include: expected a file name or a list of them")
         merged: dict[str, Any] = {}
+        origins: dict[str, str] = {}
         for name in includes:
             self.edges += 1
             if self.edges > MAX_INCLUDE_EDGES:
                 raise InputError(f"{stack[0] if stack else path}: more than {MAX_INCLUDE_EDGES} includes in all: "
                                  "too large to be a profile")
             _check_include_name(path, name, self.policy_dir)
-            included = dict(self.resolve(_include_path(path, name, self.policy_dir), (*stack, path)))
+            inc_path = _include_path(path, name, self.policy_dir)
+            included = dict(self.resolve(inc_path, (*stack, path)))
             included.pop("name", None)  # a profile is named by its own file, not by what it includes
             merged = _merge(merged, included)
+            origins.update(self.origins[inc_path])
         out = _merge(merged, data)
+        origins.update(_policy_keys(data, path.name))
         self.done[path] = out
+        self.origins[path] = origins
         return out
 
 
+def _policy_keys(data: dict[str, Any], name: str) -> dict[str, str]:
+    """The operator's policy keys one file sets (``checks.gpu.inforom``, ``xid.45``), each with the
+    file's name: where the verdict says a weight came from."""
+    readiness = data.get("readiness")
+    out: dict[str, str] = {}
+    if not isinstance(readiness, dict):
+        return out
+    for section in ("checks", "xid"):
+        keys = readiness.get(section)
+        if isinstance(keys, dict):
+            for k in keys:
+                key = str(k).strip()
+                out[f"{section}.{int(key) if section == 'xid' and key.isdigit() and len(key) <= 6 else key}"] = name
+    return out
+
+
 def _resolve(path: Path, policy_dir: Path, stack: tuple[Path, ...] = (),
-             parsed: _Parsed | None = None) -> dict[str, Any]:
-    return dict(_Includes(policy_dir, parsed).resolve(path, stack))
+             parsed: _Parsed | None = None) -> tuple[dict[str, Any], dict[str, str]]:
+    """(the profile's merged mapping, the file each of its policy keys came from)."""
+    inc = _Includes(policy_dir, parsed)
+    return dict(inc.resolve(path, stack)), inc.origins[path]
 
 
 def _check_include_name(path: Path, name: Any, policy_dir: Path) -> None:
@@ -255,14 +279,16 @@ def load_profile(name: str, policy_dir: str | os.PathLike[str] | None = None, *,
     if name.startswith("_") or name in NOT_PROFILES or not is_file:
         known = ", ".join(list_profile_names(pdir)) or "none"
         raise InputError(f"unknown profile {name!r} in {pdir} (known: {known})")
-    data = _resolve(path, pdir, (), _parsed)
+    data, origins = _resolve(path, pdir, (), _parsed)
     data.setdefault("name", name)
     if data["name"] != name:
         raise InputError(f"{path}: name: {data['name']!r} does not match the file name {name!r}")
     try:
-        return Profile.model_validate(data)
+        prof = Profile.model_validate(data)
     except ValidationError as exc:
         raise InputError(f"{path}: {_one_line(exc)}") from None
+    prof._source, prof._origins = str(path), origins
+    return prof
 
 
 def list_profile_names(policy_dir: str | os.PathLike[str] | None = None) -> list[str]:

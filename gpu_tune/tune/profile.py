@@ -10,10 +10,11 @@ from __future__ import annotations
 import re
 from typing import Any, Literal
 
-from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
+from pydantic import BaseModel, ConfigDict, Field, PrivateAttr, field_validator, model_validator
 
 from gpu_tune.host.parse import ParseError, parse_cpulist
 from gpu_tune.tune.paths import ALLOCATOR_WRITES, ENV_DIR, LD_SO_PRELOAD, clean_path, path_matches
+from gpu_tune.tune.readiness import ExpectPolicy, ReadinessPolicy  # noqa: F401 (ExpectPolicy: imported from here too)
 
 NAME_RE = re.compile(r"[a-z0-9][a-z0-9_-]{0,62}")
 # Patterns are matched whole (``fullmatch``): ``$`` would let a trailing newline through.
@@ -299,43 +300,6 @@ class GainPolicy(_Strict):
     window_seconds: float | None = Field(None, gt=0, le=600)
 
 
-IB_PORT_RE = re.compile(r"[A-Za-z0-9_.-]{1,64}(/[0-9]{1,3})?")
-
-
-class ExpectPolicy(_Strict):
-    """What a healthy node of this profile has, over the GPU model's figures in
-    ``policies/baselines.yaml`` (docs/health.md)."""
-
-    gpus: int | None = Field(None, ge=0, le=1024)
-    nvlink_active_per_gpu: int | None = Field(None, ge=0, le=64)
-    # a number (at least that many ports up) or the ports by name: "mlx5_0" (every port) or "mlx5_0/1"
-    ib_ports: int | list[str] | None = None
-    ib_rate_gbps: float | None = Field(None, gt=0, le=100_000)
-
-    @field_validator("ib_ports", mode="before")
-    @classmethod
-    def _ports(cls, v: Any) -> Any:
-        if isinstance(v, bool):
-            raise ValueError("expected a number of ports or a list of port names, got a boolean")
-        if isinstance(v, int) and not 0 <= v <= 256:
-            raise ValueError(f"{v} is out of range 0..256")
-        if isinstance(v, list):
-            for name in v:
-                if not isinstance(name, str) or not IB_PORT_RE.fullmatch(name):
-                    raise ValueError(f"{name!r} is not an InfiniBand port (expected mlx5_0 or mlx5_0/1)")
-        return v
-
-
-class ReadinessPolicy(_Strict):
-    expect: ExpectPolicy = Field(default_factory=ExpectPolicy)
-    require_compliant: bool = True
-    require_probe: bool = True
-    taint: bool = True  # put the startup taint back when readiness is lost
-    max_temperature_c: float = Field(87.0, gt=0, le=120)
-    # A node without nvidia.com/gpu capacity (no device plugin) fails gpu.allocatable only if true.
-    require_device_plugin: bool = False
-
-
 class LaunchPolicy(_Strict):
     # Jobs started by `gpu-tune run` (and the probe) are bound to their GPU's NUMA node: CPUs and
     # memory. false: started unbound (a node where binding measured a loss: `gpu-tune gain
@@ -357,6 +321,12 @@ class Profile(_Strict):
     readiness: ReadinessPolicy = Field(default_factory=ReadinessPolicy)
     gain: GainPolicy = Field(default_factory=GainPolicy)
     launch: LaunchPolicy = Field(default_factory=LaunchPolicy)
+    # Where it was read from (set by gpu_tune.tune.policy.load_profile): its file, and for each key of
+    # readiness.checks and readiness.xid ("checks.gpu.inforom", "xid.45") the file that set it (the
+    # profile's own or an included one's): what the verdict names as a weight's origin.
+    _source: str = PrivateAttr(default="")
+    _origins: dict[str, str] = PrivateAttr(default_factory=dict)
+    _policy: Any = PrivateAttr(default=None)  # (its readiness, gpu_tune.judge.policy.Policy): made once
 
     @field_validator("sysctl", mode="before")
     @classmethod

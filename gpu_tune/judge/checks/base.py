@@ -12,7 +12,7 @@ the probe, and only then tuning).
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from typing import Any, Mapping, Sequence
 
 from gpu_tune.gpu.base import GpuInfo
@@ -46,13 +46,23 @@ class Check:
     # the condition's reason when this check is the most urgent (default: the check name's, in
     # gpu_tune.judge.readiness.REASONS)
     reason: str = field(default="", compare=False)
+    # where the severity came from (gpu_tune.judge.policy): "catalog" (the family's own), or the
+    # profile's key in words; ``policy_key`` the key alone ("readiness.checks.gpu.inforom"), "" for
+    # the catalog
+    severity_from: str = field(default="catalog", compare=False)
+    policy_key: str = field(default="", compare=False)
 
     @property
     def gating(self) -> bool:
         return self.severity == FATAL
 
+    def weighed(self, severity: str, by: str, key: str) -> "Check":
+        """This check with the severity the operator's policy gives it, and where that came from."""
+        return replace(self, severity=severity, severity_from=by, policy_key=key)
+
     def as_dict(self) -> dict[str, Any]:
-        return {"name": self.name, "ok": self.ok, "severity": self.severity, "detail": self.detail}
+        return {"name": self.name, "ok": self.ok, "severity": self.severity, "severity_from": self.severity_from,
+                "detail": self.detail}
 
 
 @dataclass(frozen=True)
@@ -92,6 +102,7 @@ class Facts:
     host: Any = None  # gpu_tune.discover.health.HostHealth
     history: Any = None  # gpu_tune.judge.checks.state.HealthView
     expect: Expect = field(default_factory=Expect)
+    policy: Any = None  # gpu_tune.judge.policy.Policy: the operator's weights (the xid family words XIDs by it)
 
     @property
     def readiness(self) -> Any:

@@ -17,8 +17,8 @@ from gpu_tune.discover.xids import MAX_NOTED, KernelLogStatus, XidSighting
 from gpu_tune.gpu.base import GpuInfo
 from gpu_tune.host.fs import HostFS
 from gpu_tune.host.kmsg import KernelLog
-from gpu_tune.judge.checks.catalog import sighting_rank
 from gpu_tune.judge.checks.state import HealthState, HealthView
+from gpu_tune.judge.checks.xid_policy import CATALOG, XidPolicy
 
 
 def gpu_bus_ids(gpus: Sequence[GpuInfo], topology: Mapping[str, Any] | None) -> list[str]:
@@ -31,13 +31,17 @@ def gpu_bus_ids(gpus: Sequence[GpuInfo], topology: Mapping[str, Any] | None) -> 
 
 class HealthMonitor:
     """``persist``: keep the remembered facts in the state folder under the root (the agent and
-    ``gpu-tune check`` do; tests may not)."""
+    ``gpu-tune check`` do; tests may not); ``read_only``: read them, write nothing (``check --slurm
+    --dry-run``); ``policy``: what each XID
+    weighs (the profile's ``readiness.xid`` over the catalog: gpu_tune.judge.policy.policy_of)."""
 
-    def __init__(self, fs: HostFS, *, persist: bool = True, clock=None) -> None:
+    def __init__(self, fs: HostFS, *, persist: bool = True, clock=None, policy: XidPolicy | None = None,
+                 read_only: bool = False) -> None:
         self.fs = fs
         self.log = KernelLog(fs)
+        self.policy = policy or CATALOG
         kw = {"clock": clock} if clock is not None else {}
-        self.state = HealthState(fs if persist else None, **kw)
+        self.state = HealthState(fs if persist else None, policy=self.policy, read_only=read_only, **kw)
         self._boot: str | None = None
         self._log_total: KernelLogStatus | None = None
         self._noted: dict[tuple[str, str, int], XidSighting] = {}
@@ -45,8 +49,8 @@ class HealthMonitor:
     def read(self, gpus: Sequence[GpuInfo], topology: Mapping[str, Any] | None = None, *,
              clear_tokens: Iterable[str] = (), ib_named: Iterable[str] = ()) -> tuple[HostHealth, HealthView]:
         """``ib_named``: the InfiniBand ports a profile names (read first, whatever the bounds)."""
-        host = read_host_health(self.fs, self.log, gpu_bus_ids(gpus, topology), rank=sighting_rank,
-                                ib_named=ib_named)
+        host = read_host_health(self.fs, self.log, gpu_bus_ids(gpus, topology), rank=self.policy.rank,
+                                ib_named=ib_named, timed=self.policy.timed)
         host = self._this_boot(host)
         view = self.state.observe(host, gpus, clear_tokens=clear_tokens)
         return host, view

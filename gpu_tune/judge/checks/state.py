@@ -41,8 +41,9 @@ from typing import Any, Iterable, Mapping, Sequence
 
 from gpu_tune.errors import HostError
 from gpu_tune.gpu.base import GpuInfo
-from gpu_tune.judge.checks import state_file
-from gpu_tune.judge.checks.catalog import catalog
+from gpu_tune.judge.checks import repeats, state_file
+from gpu_tune.judge.checks.catalog import FATAL_ACTIONS, catalog
+from gpu_tune.judge.checks.xid_policy import CATALOG, XidPolicy
 from gpu_tune.judge.checks.state_file import (HEALTH_LOCK, HEALTH_STATE, MAX_BOOTS, MAX_HISTORY, MAX_RECORDS,
                                               MAX_COUNT, MAX_TOKENS, MAX_WORDS, STATE_CAP, bus_key)
 
@@ -68,7 +69,9 @@ class XidRecord:
     last_usec: int | None
     message: str
     boots: int  # boots this (address, code) was seen in, this one included
-    source: str = "kernel log"
+    source: str = "kernel log"  # or "NVML events", or "repeat rule" (the rule's count made it fatal)
+    action: str = "reset_gpu"  # the policy's action for it (gpu_tune.judge.checks.xid_policy)
+    by: str = ""  # where that action comes from: "" the catalog, else the profile's rule in words
 
     @property
     def key(self) -> str:
@@ -100,6 +103,7 @@ class HealthView:
     save_error: str | None = None  # the state could not be written: what this process saw is kept in memory
     unsaved: tuple[str, ...] = ()  # the fatal XIDs, in words, that are in memory only
     boot_note: str | None = None  # the boot cannot be known: no clear applies, nothing is forgotten
+    recurring: tuple[repeats.Recurring, ...] = ()  # repeat rules whose restart_app holds now (warnings)
 
 
 @dataclass(frozen=True)
@@ -117,9 +121,12 @@ _bus_key = bus_key
 class HealthState:
     """The remembered health facts of the host under ``fs`` (None: nothing is kept on disk)."""
 
-    def __init__(self, fs: Any = None, *, clock=time.time) -> None:
+    def __init__(self, fs: Any = None, *, clock=time.time, policy: XidPolicy | None = None,
+                 read_only: bool = False) -> None:
         self.fs = fs
+        self.read_only = read_only  # read the state file, never write it (nor its lock, nor set it aside)
         self.clock = clock
+        self.policy = policy or CATALOG  # what each XID weighs (the profile's readiness.xid over the catalog)
         self._clocks: dict[int, deque[tuple[int, frozenset[str]]]] = {}
         self._replays: dict[int, deque[tuple[float, int]]] = {}
         self._ib: dict[str, tuple[bool, int | None]] = {}
@@ -136,10 +143,10 @@ class HealthState:
     def load(self) -> tuple[dict[str, Any], str | None]:
         if self.fs is None:
             return copy.deepcopy(self._mem) if self._mem is not None else self._empty(None), None
-        return state_file.load(self.fs)
+        return state_file.load(self.fs, read_only=self.read_only)
 
     def save(self, doc: dict[str, Any]) -> str | None:
-        if self.fs is None:
+        if self.fs is None or self.read_only:
             self._mem = copy.deepcopy(doc)
             return None
         try:
@@ -167,7 +174,7 @@ class HealthState:
         @contextlib.contextmanager
         def held():
             fd = -1
-            if self.fs is not None:
+            if self.fs is not None and not self.read_only:
                 try:
                     fd = self.fs.open_lock_file(HEALTH_LOCK)
                     fcntl.flock(fd, fcntl.LOCK_EX)
@@ -200,6 +207,7 @@ class HealthState:
         """A new boot: what the last one saw is history only."""
         fresh = state_file.empty(boot)
         fresh["history"], fresh["applied_tokens"] = doc.get("history", {}), doc.get("applied_tokens", [])
+        fresh["repeats"] = doc.get("repeats", {})  # a window across boots counts the boots before
         return fresh
 
     # -- one pass --------------------------------------------------------------------------
@@ -230,8 +238,12 @@ class HealthState:
                 self._clear(doc, None, getattr(host, "uptime_usec", None), now, f"the Node's set-healthy label {token}")
                 doc["applied_tokens"] = (doc["applied_tokens"] + [token])[-MAX_TOKENS:]
             gpu_buses = frozenset(_bus_key(g.pci_bus_id) for g in gpus if g.pci_bus_id)
-            self._take_kernel(doc, host, now, clears=boot is not None, gpu_buses=gpu_buses)
+            uptime = getattr(host, "uptime_usec", None)
+            if boot is not None and doc.get("boot_started") is None and uptime is not None:
+                doc["boot_started"] = float(max(0, round(now - uptime / 1e6)))
+            self._take_kernel(doc, host, now, clears=boot is not None, gpu_buses=gpu_buses, boot=boot)
             self._take_nvml(doc, gpus, now, clears=boot is not None)
+            recurring = self._take_repeats(doc, boot, uptime, now, gpu_buses)
             self.aside_note = None
             werr = self.save(doc) if state_file.dump(doc) != before else None
             err = err or self.aside_note
@@ -239,7 +251,7 @@ class HealthState:
         self._take_windows(host, gpus, now)
         unsaved = tuple(f"{r['kind'].upper()} {r['code']} on {r['bus']}"
                         for _, r in sorted(doc["records"].items())) if werr else ()
-        return self._view(doc, err, werr, unsaved, boot_note)
+        return self._view(doc, err, werr, unsaved, boot_note, recurring)
 
     def clear(self, bus: str | None = None, *, uptime_usec: int | None, why: str) -> ClearResult:
         """Forget this boot's fatal XIDs (of one GPU's address, or all): an operator reset the GPU.
@@ -270,6 +282,7 @@ class HealthState:
         key = _bus_key(bus) if bus else "*"
         newest = max([r.get("last_usec") or 0 for r in doc["records"].values()] + [uptime_usec or 0])
         doc["cleared"][key] = {"usec": newest, "epoch": now}
+        repeats.forget(doc, bus)
         gone = []
         for k in list(doc["records"]):
             r = doc["records"][k]
@@ -333,13 +346,19 @@ class HealthState:
         del doc["records"][min(others)[1]]
         return True
 
+    def _since(self, doc: dict[str, Any], bus: str) -> int | None:
+        """The kernel time of the latest clear that covers ``bus`` in this boot (None: none)."""
+        marks = [int((doc["cleared"].get(k) or {}).get("usec") or 0) for k in ("*", _bus_key(bus))
+                 if doc["cleared"].get(k)]
+        return max(marks) if marks else None
+
     def _take_kernel(self, doc: dict[str, Any], host: Any, now: float, *, clears: bool = True,
-                     gpu_buses: frozenset[str] = frozenset()) -> None:
-        cat = catalog()
+                     gpu_buses: frozenset[str] = frozenset(), boot: str | None = None) -> None:
+        started = doc.get("boot_started")
         for s in getattr(host, "xids", ()) or ():
-            entry = cat.xid(s.code) if s.kind == "xid" else cat.sxid(s.code)
-            fatal = entry.fatal_for(s.message) if entry is not None else (s.kind == "sxid" and s.severity_word == "Fatal")
-            if not fatal:
+            if s.bursts and self.policy.timed(s.kind, s.code):
+                repeats.take(doc, s, boot, started if started is not None else now, self._since(doc, s.bus))
+            if not self.policy.fatal_for(s.kind, s.code, s.message, s.severity_word):
                 continue
             if clears and s.last_usec is not None and self._is_cleared(doc, s.bus, s.last_usec, now):
                 continue
@@ -350,7 +369,6 @@ class HealthState:
         """XIDs from NVML's events (what the GPU backend saw while running, no kernel time): a
         code counts as new when it shows up more often than at the previous pass; a clear after
         that pass makes every one seen so far old."""
-        cat = catalog()
         base = doc["nvml_baseline"]
         for g in gpus:
             if not g.pci_bus_id:
@@ -361,9 +379,9 @@ class HealthState:
             bus = _bus_key(g.pci_bus_id)
             cleared_at = max(float((doc["cleared"].get(k) or {}).get("epoch") or 0) for k in ("*", bus)) if clears else 0.0
             for code, n in counts.items():
-                entry = cat.xid(code)
-                if entry is None or not entry.fatal:
+                if not self.policy.fatal_for("xid", code):
                     continue
+                entry = catalog().xid(code)
                 bkey = f"{bus}/{code}"
                 b = base.get(bkey)
                 if isinstance(b, dict) and cleared_at > float(b.get("at") or 0):
@@ -371,8 +389,49 @@ class HealthState:
                     continue
                 prev = int(b.get("n") or 0) if isinstance(b, dict) else 0
                 if n > prev:
-                    self._record(doc, "xid", bus, code, n - prev, None, None, entry.name, now, "NVML events")
+                    self._record(doc, "xid", bus, code, n - prev, None, None, entry.name if entry else f"XID {code}",
+                                 now, "NVML events")
                     base[bkey] = {"n": n, "at": now}
+
+    def _take_repeats(self, doc: dict[str, Any], boot: str | None, uptime: int | None, now: float,
+                      gpu_buses: frozenset[str]) -> tuple[repeats.Recurring, ...]:
+        """The repeat rules that apply (gpu_tune.judge.checks.repeats): a fatal action is recorded as
+        a fatal XID of this boot (held until a reboot or a clear, like any other); ``restart_app`` is
+        returned, a warning, while it holds."""
+        rules = self.policy.repeats
+        out = []
+        for f in repeats.evaluate(doc, rules, boot, uptime, now):
+            rule = rules[f.code]
+            if rule.action not in FATAL_ACTIONS:
+                if f.holds:
+                    out.append(repeats.Recurring(f, rule.words(), self.policy.source(f.code)))
+                continue
+            k = repeats.key(f.bus, f.code)
+            r = doc["records"].get(k)
+            if r is not None:
+                r["count"] = max(int(r.get("count", 0)), f.bursts)
+                r["last_usec"] = max(int(r.get("last_usec") or 0), f.last_usec)
+            elif not self._is_cleared(doc, f.bus, f.last_usec, now):
+                earlier = f" ({f.earlier_boots} in earlier boots)" if f.earlier_boots else ""
+                words = f"{f.bursts} bursts{earlier}; {rule.words()}"  # the rule's words: see _weighed
+                self._record(doc, "xid", f.bus, f.code, f.bursts, f.first_usec, f.last_usec, words, now,
+                             "repeat rule", gpu_buses)
+        return tuple(out)
+
+    def _weighed(self, r: dict[str, Any]) -> tuple[str, str] | None:
+        """(action, where it comes from) of a remembered record under this policy; None when the
+        policy does not weigh it fatal (any more: a profile changed since it was recorded)."""
+        code = int(r["code"])
+        if r["kind"] == "sxid":
+            return "reboot", ""
+        if r.get("source") == "repeat rule":  # made by the rule the profile has now (its words end the message)?
+            rule = self.policy.repeat(code)
+            mine = rule is not None and rule.action in FATAL_ACTIONS and str(r.get("message") or "").endswith(
+                f"; {rule.words()}")
+            return (rule.action, self.policy.source(code)) if mine else None
+        if not self.policy.fatal_for("xid", code, str(r.get("message") or "")):
+            return None
+        return self.policy.action(code) or "reset_gpu", self.policy.source(code)
 
     def _take_windows(self, host: Any, gpus: Sequence[GpuInfo], now: float) -> None:
         minute = int(now // 60)
@@ -410,14 +469,17 @@ class HealthState:
                 q2.popleft()
 
     def _view(self, doc: dict[str, Any], err: str | None, save_error: str | None = None, unsaved: tuple[str, ...] = (),
-              boot_note: str | None = None) -> HealthView:
+              boot_note: str | None = None, recurring: tuple[repeats.Recurring, ...] = ()) -> HealthView:
         records = []
         for key, r in sorted(doc["records"].items()):
+            weighed = self._weighed(r)
+            if weighed is None:
+                continue
             boots = len(doc["history"].get(key, [])) or 1
             records.append(XidRecord(kind=r["kind"], bus=r["bus"], code=int(r["code"]), count=int(r.get("count", 1)),
                                      first_seen=float(r.get("first_seen") or 0), first_usec=r.get("first_usec"),
                                      last_usec=r.get("last_usec"), message=str(r.get("message") or ""), boots=boots,
-                                     source=str(r.get("source") or "kernel log")))
+                                     source=str(r.get("source") or "kernel log"), action=weighed[0], by=weighed[1]))
         slow = {i: {reason: sum(1 for _, rs in q if reason in rs) for reason in SLOWDOWNS}
                 for i, q in self._clocks.items()}
         observed = {i: len(q) for i, q in self._clocks.items()}
@@ -430,4 +492,4 @@ class HealthState:
         return HealthView(boot_id=doc.get("boot_id"), records=tuple(records),
                           cleared=tuple(doc.get("cleared_words", [])), slowdown_minutes=slow,
                           minutes_observed=observed, replay_rates=rates, ib_flaps=flaps, state_error=err,
-                          save_error=save_error, unsaved=unsaved, boot_note=boot_note)
+                          save_error=save_error, unsaved=unsaved, boot_note=boot_note, recurring=recurring)

@@ -13,6 +13,7 @@ the tool itself keeps, so nothing later meets a value of a type it does not expe
 from __future__ import annotations
 
 import json
+import re
 from typing import Annotated, Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, StringConstraints, ValidationError, model_validator
@@ -34,11 +35,16 @@ MAX_USEC = 2**63 - 1
 MAX_EPOCH = 1e11  # seconds since 1970: the year 5138
 MAX_CODE = 10**10 - 1  # the kernel log reader takes at most 10 digits
 MAX_COUNT = 2**53
+MAX_REPEAT_KEYS = 128  # GPU address x XID pairs whose bursts a repeat rule counts
+MAX_REPEAT_BURSTS = 100  # bursts kept per pair, the newest (a rule counts at most 100)
 
 Usec = Annotated[int, Field(ge=0, le=MAX_USEC)]
 Epoch = Annotated[float, Field(ge=0, le=MAX_EPOCH)]
 Count = Annotated[int, Field(ge=0, le=MAX_COUNT)]
 Key = Annotated[str, StringConstraints(min_length=1, max_length=128)]
+
+
+REPEAT_KEY_RE = re.compile(r"xid/[0-9a-f:.]{1,64}/[0-9]{1,10}")
 
 
 def _text(n: int) -> Any:
@@ -58,7 +64,17 @@ class Record(_Strict):
     first_usec: Usec | None
     last_usec: Usec | None
     message: _text(240)  # type: ignore[valid-type]
-    source: Literal["kernel log", "NVML events"] = "kernel log"
+    source: Literal["kernel log", "NVML events", "repeat rule"] = "kernel log"
+
+
+class Burst(_Strict):
+    """One burst of an XID a repeat rule counts: its boot, first and last kernel time, and the wall
+    time of its start (the boot's start plus its kernel time)."""
+
+    boot: _text(64)  # type: ignore[valid-type]
+    s: Usec
+    e: Usec
+    at: Epoch
 
 
 class Clear(_Strict):
@@ -74,6 +90,7 @@ class Baseline(_Strict):
 class StateDoc(_Strict):
     version: Annotated[int, Field(ge=1, le=1)]  # strict: true is not 1
     boot_id: _text(64) | None = None  # type: ignore[valid-type]
+    boot_started: Epoch | None = None  # wall time of this boot's start (now less /proc/uptime), seconds
     records: Annotated[dict[Key, Record], Field(max_length=MAX_RECORDS)] = {}
     cleared: Annotated[dict[Key, Clear], Field(max_length=MAX_CLEARS)] = {}
     history: Annotated[dict[Key, Annotated[list[_text(64)], Field(max_length=MAX_BOOTS)]],  # type: ignore[valid-type]
@@ -81,12 +98,17 @@ class StateDoc(_Strict):
     nvml_baseline: Annotated[dict[Key, Baseline], Field(max_length=MAX_BASELINES)] = {}
     applied_tokens: Annotated[list[_text(256)], Field(max_length=MAX_TOKENS)] = []  # type: ignore[valid-type]
     cleared_words: Annotated[list[_text(4096)], Field(max_length=MAX_WORDS)] = []  # type: ignore[valid-type]
+    repeats: Annotated[dict[Key, Annotated[list[Burst], Field(max_length=MAX_REPEAT_BURSTS)]],
+                       Field(max_length=MAX_REPEAT_KEYS)] = {}
 
     @model_validator(mode="after")
     def _keys_are_their_records(self) -> "StateDoc":
         for key, r in self.records.items():
             if key != f"{r.kind}/{bus_key(r.bus)}/{r.code}":
                 raise ValueError(f"records: the key {key[:40]!r} is not its record's ({r.kind}, {r.bus}, {r.code})")
+        for key in self.repeats:
+            if not REPEAT_KEY_RE.fullmatch(key):
+                raise ValueError(f"repeats: the key {key[:40]!r} is not xid/ADDRESS/CODE")
         return self
 
 
@@ -97,8 +119,8 @@ def bus_key(bus: str) -> str:
 
 
 def empty(boot_id: str | None) -> dict[str, Any]:
-    return {"version": 1, "boot_id": boot_id, "records": {}, "cleared": {}, "history": {},
-            "nvml_baseline": {}, "applied_tokens": [], "cleared_words": []}
+    return {"version": 1, "boot_id": boot_id, "boot_started": None, "records": {}, "cleared": {}, "history": {},
+            "nvml_baseline": {}, "applied_tokens": [], "cleared_words": [], "repeats": {}}
 
 
 def _plain(text: str) -> str:
@@ -128,24 +150,27 @@ def parse(text: str) -> dict[str, Any]:
     return doc.model_dump(mode="python")
 
 
-def load(fs: Any) -> tuple[dict[str, Any], str | None]:
+def load(fs: Any, *, read_only: bool = False) -> tuple[dict[str, Any], str | None]:
     """(the state document, None), or (a new one, why the file on disk was not used): a file the
-    tool cannot have written is set aside first (renamed to :data:`ASIDE`)."""
+    tool cannot have written is set aside first (renamed to :data:`ASIDE`), unless ``read_only``
+    (``gpu-tune check --slurm --dry-run`` writes nothing under the root: it is left as it is)."""
+    aside = (lambda fs, why: f"{HEALTH_STATE}: {why}; not used, and left as it is (nothing is written here)") \
+        if read_only else set_aside
     try:
         text = fs.read_text(HEALTH_STATE, limit=STATE_CAP)
     except NotAFile as exc:
-        return empty(None), set_aside(fs, _why(exc))
+        return empty(None), aside(fs, _why(exc))
     except HostError as exc:
         if getattr(exc, "errno", None) in (2, 20):  # ENOENT, ENOTDIR: none yet
             return empty(None), None
-        return empty(None), set_aside(fs, _why(exc))
+        return empty(None), aside(fs, _why(exc))
     if not text.strip():
         return empty(None), None
     try:
         return parse(text), None
     except (ValueError, UnicodeError) as exc:
         first = str(exc).splitlines()[0] if str(exc).strip() else type(exc).__name__
-        return empty(None), set_aside(fs, f"not written by gpu-tune ({_plain(first[:200])})")
+        return empty(None), aside(fs, f"not written by gpu-tune ({_plain(first[:200])})")
 
 
 def _why(exc: Exception) -> str:

@@ -9,7 +9,13 @@
 - ``gpu.kernel_log`` (warning): the kernel log cannot be read, or one read did not reach its end
   within its time bound (listed only then): XIDs logged while the agent does not run are not seen.
 - ``gpu.xid_unknown`` (warning): a GPU logged an XID the catalog does not know (or marks unused on
-  every generation it covers), named, never gating (listed only then).
+  every generation it covers), named, never gating (listed only then); an XID the profile has a
+  rule for is the profile's, never unknown.
+- ``gpu.xid_recurring`` (warning): a repeat rule of the profile whose action is ``restart_app``
+  applies: the GPU keeps failing jobs (listed only then).
+
+What each XID weighs is the operator's policy over the catalog
+(:mod:`~gpu_tune.judge.checks.xid_policy`): a weight that is not the catalog's says whose it is.
 
 Only the kernel's own records count (gpu_tune.discover.xids): what was ignored, skipped or not
 kept is said in ``gpu.xid``'s detail, so that a forgery or a flood is visible.
@@ -21,6 +27,7 @@ from gpu_tune.discover.xids import MAX_FATAL_BUSES, MAX_FATAL_PER_BUS, MAX_SIGHT
 from gpu_tune.judge.checks.base import WARNING, Check, Facts, Family, listed
 from gpu_tune.judge.checks.catalog import ACTION_WORDS, catalog
 from gpu_tune.judge.checks.state import ESCALATE_BOOTS, XidRecord
+from gpu_tune.judge.checks.xid_policy import CATALOG
 
 CLEAR_HINT = ("after the GPU is reset, `gpu-tune set-healthy --gpu {gpu}` on the node (or the Node label "
               "gpu-tune.io/set-healthy=<any new value>) clears it; a reboot clears it too")
@@ -73,7 +80,7 @@ class Xid(Family):
     thresholds = ("an XID whose catalog action (xid_catalog.yaml) is reset_gpu, reboot or inspect_hw; a fatal "
                   f"SXid; the same fatal XID in {ESCALATE_BOOTS} boots: inspect_hw")
     remedy = "drain the node; reset the GPU or reboot as the catalog says; then `gpu-tune set-healthy`"
-    checks = ("gpu.xid", "nvswitch.sxid", "gpu.kernel_log", "gpu.xid_unknown")
+    checks = ("gpu.xid", "nvswitch.sxid", "gpu.kernel_log", "gpu.xid_unknown", "gpu.xid_recurring")
 
     def evaluate(self, facts: Facts) -> list[Check]:
         view = facts.history
@@ -96,6 +103,9 @@ class Xid(Family):
         noted = list(getattr(host, "noted", ()) or ())
         if noted:
             out.append(self._unknown(facts, noted))
+        recurring = tuple(getattr(view, "recurring", ()) or ())
+        if recurring:
+            out.append(self._recurring(facts, recurring))
         sxids = [r for r in records if r.kind == "sxid"]
         if sxids:
             cat = catalog()
@@ -115,24 +125,51 @@ class Xid(Family):
             g = by_bus.get(r.bus.rsplit(".", 1)[0])
             who = f"GPU {g.index} ({g.pci_bus_id})" if g else f"PCI {r.bus} (no GPU there now)"
             entry = cat.xid(r.code)
-            name = entry.name if entry else r.message[:80]
-            action = "inspect_hw" if r.escalated else (entry.action if entry else "reset_gpu")
+            name = entry.name if entry else (f"(not in the catalog {cat.version})" if r.source == "repeat rule"
+                                             else r.message[:80])
+            action = "inspect_hw" if r.escalated else r.action
             again = f", seen in {r.boots} boots" if r.boots > 1 else ""
-            texts.append(f"{who}: XID {r.code} {name} (x{r.count}, {_when(r)}{again}): {ACTION_WORDS[action]}; "
+            seen = r.message if r.source == "repeat rule" else f"x{r.count}"
+            by = f" (by {r.by})" if r.by else ""
+            texts.append(f"{who}: XID {r.code} {name} ({seen}, {_when(r)}{again}): {ACTION_WORDS[action]}{by}; "
                          + CLEAR_HINT.format(gpu=g.index if g else "all"))
-            short.append(f"{'GPU ' + str(g.index) if g else r.bus}: XID {r.code} ({name})")
+            short.append(f"{'GPU ' + str(g.index) if g else r.bus}: XID {r.code}"
+                         + (f" [readiness.xid.{r.code}]" if r.by else "") + f" ({name})")
             if g is not None:
                 bad.setdefault(g.index, []).append(str(r.code))
         per = tuple((str(g.index), g.index not in bad) for g in facts.gpus)
         words = log_words(log)
+        rules = _policy_words(facts)
         if texts:
-            return self.check("gpu.xid", False, listed(texts) + (f" (kernel log: {words})" if words else ""),
+            return self.check("gpu.xid", False, listed(texts) + (f" (kernel log: {words})" if words else "") + rules,
                               "fatal " + listed(short, 3), gpus=per)
         where = f"kernel log: {log.source}" if log is not None and not log.error and log.source else (
             "the kernel log is not readable: NVML events only" if log is not None else "NVML events")
         cleared = f"; cleared: {view_cleared(facts)}" if view_cleared(facts) else ""
         return self.check("gpu.xid", True, f"no fatal XID in this boot ({where}; catalog {cat.version}"
-                          f"{'; ' + words if words else ''}){cleared}", gpus=per)
+                          f"{'; ' + words if words else ''}){cleared}{rules}", gpus=per)
+
+    def _recurring(self, facts: Facts, recurring: tuple) -> Check:
+        """Repeat rules whose action is restart_app and holds: the GPU keeps failing jobs."""
+        cat = catalog()
+        by_bus = {g.pci_bus_id.lower().rsplit(".", 1)[0]: g for g in facts.gpus if g.pci_bus_id}
+        texts, short, bad = [], [], set()
+        for r in sorted(recurring, key=lambda r: (r.firing.bus, r.firing.code)):
+            f = r.firing
+            g = by_bus.get(f.bus)
+            who = f"GPU {g.index} ({g.pci_bus_id})" if g else f"PCI {f.bus} (no GPU there now)"
+            entry = cat.xid(f.code)
+            earlier = f", {f.earlier_boots} of them in earlier boots" if f.earlier_boots else ""
+            texts.append(f"{who}: XID {f.code} {entry.name if entry else '(not in the catalog)'}: {f.bursts} bursts "
+                         f"(the last {f.last_usec / 1e6:.1f} s after boot{earlier}): {r.rule}"
+                         + (f" (by {r.by})" if r.by else ""))
+            short.append(f"{'GPU ' + str(g.index) if g else f.bus}: XID {f.code} x{f.bursts}"
+                         + (f" [readiness.xid.{f.code}]" if r.by else ""))
+            if g is not None:
+                bad.add(g.index)
+        return self.check("gpu.xid_recurring", False, listed(texts) + ": the GPU keeps failing jobs: watch it; drain "
+                          "it and reset the GPU if it goes on", "recurring " + listed(short, 3), severity=WARNING,
+                          gpus=tuple((str(g.index), g.index not in bad) for g in facts.gpus))
 
     def _unknown(self, facts: Facts, noted: list[XidSighting]) -> Check:
         """XIDs (and SXids) the catalog does not know or marks unused: named, never gating."""
@@ -153,10 +190,18 @@ class Xid(Family):
                           "unknown " + listed(short, 3), severity=WARNING)
 
 
+def _policy_words(facts: Facts) -> str:
+    """The profile's XID rules, said whenever it has some (a rule for an XID the catalog does not
+    know, a newer driver's, says so)."""
+    words = getattr(facts.policy, "xid", CATALOG).words()
+    return f"; {words}" if words else ""
+
+
 def _from_events(facts: Facts) -> list[XidRecord]:
     """Without remembered state (a caller that keeps none): the fatal XIDs among the GPU backend's
     own events, judged as they are."""
     cat = catalog()
+    policy = getattr(facts.policy, "xid", CATALOG)
     out = []
     for g in facts.gpus:
         counts: dict[int, int] = {}
@@ -164,9 +209,10 @@ def _from_events(facts: Facts) -> list[XidRecord]:
             counts[int(code)] = counts.get(int(code), 0) + 1
         for code, n in sorted(counts.items()):
             entry = cat.xid(code)
-            if entry is not None and entry.fatal and g.pci_bus_id:
+            if policy.fatal_for("xid", code) and g.pci_bus_id:
                 out.append(XidRecord("xid", g.pci_bus_id.lower().rsplit(".", 1)[0], code, n, 0.0, None, None,
-                                     entry.name, 1, "NVML events"))
+                                     entry.name if entry else f"XID {code}", 1, "NVML events",
+                                     policy.action(code) or "reset_gpu", policy.source(code)))
     return out
 
 
