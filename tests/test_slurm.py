@@ -26,8 +26,10 @@ from tests.slurmkit import dgx_tree, gpu_json, host  # noqa: F401 (fixtures)
 
 pytestmark = pytest.mark.slow
 
-# one health check pass may take a few seconds on a busy 2-CPU machine
-PASS_SLACK = 6.0
+# How long the tests wait for one health check pass beyond slurmd's interval: a few seconds on a
+# busy 2-CPU machine (2.8 s at a load of 12), tens of seconds when slurmd itself is starved. A
+# patience for a condition, never a measure of speed: the passes are counted, not timed.
+PASS_SLACK = 30.0
 
 
 def append_xid(root: Path, seq: int, usec: int) -> None:
@@ -58,7 +60,7 @@ def resumed(slurm, timeout: float) -> dict:
 
 def job_done(slurm, job: str) -> dict:
     return wait_for(f"job {job} completed", lambda: (j := slurm.job(job)).get("JobState") in
-                    ("COMPLETED", "FAILED") and j, 30, every=0.1)
+                    ("COMPLETED", "FAILED") and j, 120, every=0.1)
 
 
 # -- 1. a fatal XID: drained within one interval, sinfo -R shows it, a job waits -------------------
@@ -185,7 +187,7 @@ def test_a_failing_prolog_drains_the_node_and_requeues_the_job(slurm, host, tmp_
 
     append_xid(host, 90, 88310022)
     job = slurm.submit("echo must-not-run")
-    node = drained_by_gpu_tune(slurm, "FatalXid", timeout=30)
+    node = drained_by_gpu_tune(slurm, "FatalXid")
     requeued = wait_for(f"job {job} requeued", lambda: (j := slurm.job(job)).get("JobState") == "PENDING"
                         and int(j.get("Restarts", "0")) >= 1 and j, 30)
     assert requeued["Reason"] == "launch_failed_requeued_held", requeued

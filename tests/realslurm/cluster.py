@@ -261,7 +261,7 @@ class SlurmCluster:
         self._proc("slurmd", ["unshare", "--mount", "--propagation", "private", "--", "sh", "-c",
                               f"mount --bind {shlex.quote(str(self.etc))} /etc/slurm && exec slurmd -D -N {NODE}"],
                    env={"PATH": "/usr/sbin:/usr/bin:/sbin:/bin"})
-        wait_for(f"{NODE} idle", lambda: self.node().get("State") == "IDLE" or self._check(), 30, every=0.2)
+        wait_for(f"{NODE} idle", lambda: self.node().get("State") == "IDLE" or self._check(), 120, every=0.2)
         self.timings["slurm ready (s)"] = time.monotonic() - t0
 
     def _check(self) -> bool:
@@ -329,13 +329,13 @@ class SlurmCluster:
             self.use(program, "")
         wait_for("slurmd's programs done", lambda: not self.busy(), 30)
         self.run("scancel", "--full", "--partition", PARTITION, check=False)
-        wait_for("no job left", lambda: not self.run("squeue", "-h", "-p", PARTITION).stdout.strip(), 30, every=0.2)
+        wait_for("no job left", lambda: not self.run("squeue", "-h", "-p", PARTITION).stdout.strip(), 120, every=0.2)
         if self.node().get("Gres") != f"gpu:{GPUS}":
             self.scontrol("reconfigure")
-            wait_for(f"{NODE} Gres=gpu:{GPUS} again", lambda: self.node().get("Gres") == f"gpu:{GPUS}", 30, every=0.2)
+            wait_for(f"{NODE} Gres=gpu:{GPUS} again", lambda: self.node().get("Gres") == f"gpu:{GPUS}", 120, every=0.2)
         node = self.node()
         if node.get("State") != "IDLE":
             self.scontrol("update", f"NodeName={NODE}", "State=RESUME", check=False)
-        wait_for(f"{NODE} idle", lambda: self.node().get("State") == "IDLE", 30, every=0.2)
+        wait_for(f"{NODE} idle", lambda: self.node().get("State") == "IDLE", 120, every=0.2)
         for program in ("health-check", "prolog"):
             (self.base / f"runs-{program}").unlink(missing_ok=True)
