@@ -299,7 +299,7 @@ class GainPolicy(_Strict):
     window_seconds: float | None = Field(None, gt=0, le=600)
 
 
-IB_PORT_RE = re.compile(r"[A-Za-z0-9_.-]{1,64}(/[0-9]{1,3})?")
+IB_PORT_RE = re.compile(r"[A-Za-z0-9_.-]{1,64}(/[0-9]{1,10})?")  # the kernel numbers ports with a u32
 
 
 class ExpectPolicy(_Strict):
