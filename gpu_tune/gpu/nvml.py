@@ -187,10 +187,14 @@ class NvmlBackend:
         ids: dict[int, tuple[Any, str, str, str] | GpuInfo] = {i: self._identity(i) for i in range(count)}
         self._handles = {i: v[0] for i, v in ids.items() if isinstance(v, tuple)}
         known = [(i, (v[0], v[3])) for i, v in ids.items() if isinstance(v, tuple)]
+        place = {i: n for n, (i, _) in enumerate(known)}
         out = []
         for i, v in ids.items():
-            peers = {} if isinstance(v, GpuInfo) else p2p_peers(known, i)
-            out.append(v if isinstance(v, GpuInfo) else self._info(i, *v, peers, len(known) - 1 - len(peers)))
+            if isinstance(v, GpuInfo):
+                out.append(v)
+                continue
+            peers = p2p_peers(known, place[i])
+            out.append(self._info(i, *v, peers, len(known) - 1 - len(peers)))
         return out
 
     def _identity(self, index: int) -> tuple[Any, str, str, str] | GpuInfo:
@@ -381,16 +385,13 @@ def _int(v: Any) -> int | None:
     return None if v is None else int(v)
 
 
-def p2p_peers(known: list[tuple[int, Any]], index: int) -> dict[int, Any]:
-    """The GPUs whose P2P status with GPU ``index`` is read this pass: every other GPU that said
-    who it is, up to :data:`MAX_P2P_PEERS`; past that, the next ones in index order, wrapping
-    round (each GPU then reads as many pairs as it is read in: every GPU judged, the pairs
-    bounded). ``known``: (index, (handle, bus id)) in index order."""
-    others = [k for k in known if k[0] != index]
-    if len(others) <= MAX_P2P_PEERS:
-        return dict(others)
-    start = next((n for n, k in enumerate(others) if k[0] > index), 0)
-    return dict((others + others)[start:start + MAX_P2P_PEERS])
+def p2p_peers(known: list[tuple[int, Any]], place: int) -> dict[int, Any]:
+    """The GPUs whose P2P status with the GPU at ``known[place]`` is read this pass: every other
+    GPU that said who it is, up to :data:`MAX_P2P_PEERS`; past that, the next ones in index order,
+    wrapping round (each GPU then reads as many pairs as it is read in: every GPU judged, the
+    pairs bounded). ``known``: (index, (handle, bus id)) in index order."""
+    n = len(known)
+    return dict(known[(place + j) % n] for j in range(1, min(n, MAX_P2P_PEERS + 1)))
 
 
 def _escaped(raw: bytes) -> str:
