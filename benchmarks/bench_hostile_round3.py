@@ -43,12 +43,13 @@ from benchmarks._util import report  # noqa: E402
 from tests.fixtures import hostgen  # noqa: E402
 
 
-def _run(argv: list[str], timeout: float) -> dict:
-    """Run one command; its exit, wall time, peak RSS (of that process alone) and stdout size."""
+def _run(argv: list[str], timeout: float, pythonpath: Path = REPO) -> dict:
+    """Run one command; its exit, wall time, peak RSS (of that process alone) and stdout size.
+    ``pythonpath``: the checkout whose ``gpu_tune`` it runs."""
     out = tempfile.TemporaryFile()
     t0 = time.monotonic()
     proc = subprocess.Popen(argv, stdout=out, stderr=subprocess.PIPE, cwd=REPO,
-                            env={**os.environ, "PYTHONPATH": str(REPO), "COLUMNS": "160"})
+                            env={**os.environ, "PYTHONPATH": str(pythonpath), "COLUMNS": "160"})
     deadline = t0 + timeout
     status: int | str = "hung"
     rusage = None

@@ -91,15 +91,17 @@ def gpu_fixture(tmp_path):
     return _copy
 
 
-def run_cli(*args: str, env: dict | None = None, timeout: float = 600, input: str | None = None):
-    """Run the real console script in a subprocess; returns CompletedProcess (text)."""
+def run_cli(*args: str, env: dict | None = None, timeout: float = 600, input: str | None = None,
+            program: tuple[str, ...] = ("-m", "gpu_tune")):
+    """Run the real console script in a subprocess; returns CompletedProcess (text). ``program``:
+    what the interpreter runs (another entry to the same command line, say)."""
     full_env = {**os.environ, "PYTHONPATH": str(REPO)}
     for k in ("GPU_TUNE_ROOT", "GPU_TUNE_PROFILE", "GPU_TUNE_POLICY_DIR", "GPU_TUNE_GPU_BACKEND", "GPU_TUNE_GPU_FIXTURE"):
         full_env.pop(k, None)
     full_env["COLUMNS"] = "200"  # whatever the terminal (or a pytest-xdist worker) says
     if env:
         full_env.update(env)
-    return subprocess.run([sys.executable, "-m", "gpu_tune", *args], capture_output=True, text=True,
+    return subprocess.run([sys.executable, *program, *args], capture_output=True, text=True,
                           env=full_env, timeout=timeout, input=input)
 
 

@@ -9,9 +9,18 @@ fake does not define is missing from the "library": the binding raises its own
 checked against the binding (``tests/test_nvml_binding.py``): no C function the binding would never
 look up, so the fake cannot drift from what a real driver offers.
 
-Scenarios are :class:`FakeGpu` lists (:func:`hgx_h100` builds a healthy 8-GPU HGX H100 board);
-faults are set per GPU: ``lost`` / ``reset_required`` (every call on that GPU answers so, pair
-calls too), ``errors`` (C function name -> return code, for one call), and the readings' values.
+Scenarios are :class:`FakeGpu` lists (:func:`hgx_h100` builds a healthy 8-GPU HGX H100 board,
+:func:`many` a board of any size); faults are set per GPU: ``lost`` / ``reset_required`` (every
+call on that GPU answers so, pair calls too), ``errors`` (C function name -> return code, for one
+call), and the readings' values, hostile ones included: bytes that are not UTF-8 for the name, UUID
+or bus id (what the C library writes into the binding's char buffers), field 230 as any
+``nvmlValueType_t`` (``recovery_type``), a link state or a temperature outside what NVML defines.
+
+Each C call is recorded in :attr:`FakeNvmlLib.calls` and, with its arguments (the GPU a handle
+stands for, the numbers passed in), in :attr:`FakeNvmlLib.call_keys`.
+
+``tests/nvmlcommand.py`` runs the real ``gpu-tune`` command line as a process of its own over
+this fake library.
 """
 
 from __future__ import annotations
@@ -41,9 +50,9 @@ HGX_BUSES = ("18", "2a", "3a", "5d", "9a", "ab", "ba", "db")  # an HGX H100 boar
 
 @dataclass
 class FakeGpu:
-    uuid: str
-    bus_id: str  # NVML's form: "00000000:18:00.0"
-    name: str = H100
+    uuid: str | bytes  # bytes: written into the binding's buffer as they are (not UTF-8, say)
+    bus_id: str | bytes  # NVML's form: "00000000:18:00.0"
+    name: str | bytes = H100
     memory_mib: tuple[int, int] = (81559, 1024)  # total, used
     cc: tuple[int, int] = (9, 0)
     persistence: int = 1
@@ -59,10 +68,11 @@ class FakeGpu:
     pcie: tuple[int, int, int, int, int] = (5, 5, 5, 16, 16)  # gen cur, gen max (system), GPU's own max, width cur, max
     replays: int = 0
     sm_clock: tuple[int, int] = (1980, 1980)
-    recovery: int | None = 0  # field 230; None: the field answers NOT_SUPPORTED (older drivers)
+    recovery: int | float | None = 0  # field 230; None: the field answers NOT_SUPPORTED (older drivers)
+    recovery_type: int = 1  # its nvmlValueType_t (NVML_VALUE_TYPE_UNSIGNED_INT; 0 double, 5 signed int, ...)
     inforom_ok: bool = True
     sram: tuple[int, int, int] = (0, 0, 0)  # volatile parity, volatile SEC-DED, threshold exceeded
-    links: list[bool] | None = field(default_factory=lambda: [True] * 18)
+    links: list[bool | int] | None = field(default_factory=lambda: [True] * 18)  # an int: that state
     link_errors: tuple[int, int, int] = (0, 0, 0)  # replay, recovery, CRC flit
     p2p: dict[int, int] = field(default_factory=dict)  # peer index -> P2P status (default OK)
     # (state, status, healthMask, healthSummary); None: not in a fabric (NOT_SUPPORTED)
@@ -93,6 +103,24 @@ def hgx_h100(n: int = 8, **per_gpu: Any) -> list[FakeGpu]:
     return gpus
 
 
+def many(n: int) -> list[FakeGpu]:
+    """``n`` healthy H100s: the HGX board's eight at their bus ids, then the others on buses of
+    PCI domains 1, 2, ... (256 a domain), each with 18 NVLinks up and the fabric registered."""
+    gpus = hgx_h100(min(n, 8))
+    for i in range(8, n):
+        gpus.append(dataclasses.replace(gpus[i % 8], uuid=f"GPU-{i:08x}-h100",
+                                        bus_id=f"0000{i // 256 + 1:04X}:{i % 256:02X}:00.0"))
+    return gpus
+
+
+# nvmlValueType_t -> the c_nvmlValue_t member that holds it
+VALUE_MEMBERS = {0: "dVal", 1: "uiVal", 2: "ulVal", 3: "ullVal", 4: "sllVal", 5: "siVal", 6: "usVal"}
+
+
+def _raw(v: str | bytes) -> bytes:
+    return v if isinstance(v, bytes) else v.encode()
+
+
 class _Ret(Exception):
     def __init__(self, code: int) -> None:
         self.code = code
@@ -106,7 +134,9 @@ def _out(arg: Any) -> Any:
 def _c(fn: Callable[..., Any]) -> Callable[..., int]:
     """A C entry point: returns the nvmlReturn_t; _Ret carries an error code out."""
     def entry(self: "FakeNvmlLib", *args: Any) -> int:
-        self.calls.append(fn.__name__[3:])
+        if self.record:
+            self.calls.append(fn.__name__[3:])
+            self.call_keys.append((fn.__name__[3:], *(self._arg_key(a) for a in args)))
         try:
             fn(self, *args)
         except _Ret as r:
@@ -121,13 +151,15 @@ class FakeNvmlLib:
     """The C library as the binding sees it: attributes named like the C functions."""
 
     def __init__(self, gpus: list[FakeGpu], driver: str = "570.124.06", cuda: int = 12080,
-                 missing: frozenset[str] = frozenset(), init_error: int | None = None) -> None:
+                 missing: frozenset[str] = frozenset(), init_error: int | None = None, record: bool = True) -> None:
         self.gpus = gpus
+        self.record = record  # keep every call (off: a benchmark's thousands of GPUs cost no memory here)
         self.driver = driver
         self.cuda = cuda
         self.missing = set(missing)  # C functions this "driver" lacks
         self.init_error = init_error
         self.calls: list[str] = []
+        self.call_keys: list[tuple[Any, ...]] = []  # (C function, its arguments: "gpuN" for a handle)
         self.events: list[tuple[int, int]] = []  # (GPU index, XID) waiting in the event set
         self.registered: list[int] = []
         self._cells = [ctypes.create_string_buffer(8) for _ in gpus]  # real memory for the handles
@@ -143,6 +175,18 @@ class FakeNvmlLib:
         raise AttributeError(name)
 
     # -- helpers ----------------------------------------------------------------------------------
+    def _arg_key(self, arg: Any) -> Any:
+        """What one argument says: the GPU a handle stands for, a number passed in; None for what
+        the function writes to (an out pointer, a buffer)."""
+        if isinstance(arg, (int, str)):
+            return arg
+        if isinstance(arg, pynvml.c_nvmlDevice_t):
+            addr = ctypes.cast(arg, ctypes.c_void_p).value
+            return f"gpu{self._addr[addr]}" if addr in self._addr else "handle?"
+        if isinstance(arg, ctypes._SimpleCData) and not isinstance(arg, (ctypes.c_char_p, ctypes.c_void_p)):
+            return arg.value
+        return None
+
     def _index(self, handle: Any) -> int:
         addr = ctypes.cast(handle, ctypes.c_void_p).value
         if addr not in self._addr:
@@ -201,20 +245,24 @@ class FakeNvmlLib:
     # -- who the GPU is ---------------------------------------------------------------------------
     @_c
     def _c_nvmlDeviceGetUUID(self, h, buf, size):
-        buf.value = self._dev(h, "nvmlDeviceGetUUID").uuid.encode()
+        buf.value = _raw(self._dev(h, "nvmlDeviceGetUUID").uuid)
 
     @_c
     def _c_nvmlDeviceGetName(self, h, buf, size):
-        buf.value = self._dev(h, "nvmlDeviceGetName").name.encode()
+        buf.value = _raw(self._dev(h, "nvmlDeviceGetName").name)
 
     @_c
     def _c_nvmlDeviceGetPciInfo_v3(self, h, out):
         g = self._dev(h, "nvmlDeviceGetPciInfo_v3")
         info = _out(out)
-        info.busId = g.bus_id.encode()
-        info.busIdLegacy = g.bus_id.encode()
-        dom, bus, rest = g.bus_id.split(":")
-        info.domain, info.bus, info.device = int(dom, 16), int(bus, 16), int(rest.split(".")[0], 16)
+        raw = _raw(g.bus_id)
+        info.busId = raw[:31]  # bytes go into the binding's buffers as they are (a str it would encode)
+        info.busIdLegacy = raw[-12:]  # the 4-digit domain form: "0000:18:00.0"
+        try:
+            dom, bus, rest = raw.decode("ascii").split(":")
+            info.domain, info.bus, info.device = int(dom, 16), int(bus, 16), int(rest.split(".")[0], 16)
+        except (UnicodeDecodeError, ValueError):
+            pass  # a bus id that is no PCI address: the numbers stay 0
         info.pciDeviceId = 0x233010DE
 
     # -- state ------------------------------------------------------------------------------------
@@ -354,8 +402,8 @@ class FakeNvmlLib:
         for i in range(int(count.value)):
             v = values[i]
             if v.fieldId == pynvml.NVML_FI_DEV_GET_GPU_RECOVERY_ACTION and g.recovery is not None:
-                v.nvmlReturn, v.valueType = SUCCESS, pynvml.NVML_VALUE_TYPE_UNSIGNED_INT
-                v.value.uiVal = g.recovery
+                v.nvmlReturn, v.valueType = SUCCESS, g.recovery_type
+                setattr(v.value, VALUE_MEMBERS[g.recovery_type], g.recovery)
             else:
                 v.nvmlReturn = NOT_SUPPORTED  # per field: the call itself succeeds
 
@@ -469,3 +517,12 @@ def backend(monkeypatch: Any, gpus: list[FakeGpu] | None = None, **kw: Any):
     from gpu_tune.gpu.nvml import NvmlBackend
 
     return NvmlBackend(), lib
+
+
+def pass_calls(keys: list) -> list[tuple]:
+    """The calls after the backend's start (``nvmlInit``, the XID event set and each GPU's
+    registration): what one pass of readings made."""
+    keys = [tuple(k) for k in keys]
+    start = [i for i, k in enumerate(keys) if k[0] in ("nvmlDeviceRegisterEvents", "nvmlEventSetCreate",
+                                                       "nvmlInitWithFlags")]
+    return keys[start[-1] + 1:] if start else keys

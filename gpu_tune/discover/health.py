@@ -42,6 +42,7 @@ class HostHealth:
     errors: tuple[str, ...] = field(default_factory=tuple)  # host files that could not be read
     ib_not_read: tuple[str, ...] = ()  # InfiniBand devices and ports left out, in words
     ib_unread_physical: int = 0  # physical functions' ports left out by the bounds: not judged
+    ib_unread_named: tuple[str, ...] = ()  # ports or devices the profile names among them
     pcie_unreadable: tuple[tuple[str, tuple[str, ...]], ...] = ()  # (GPU bus id, unreadable link files)
     boot_problem: str | None = None  # why the boot id could not be read (None: it was)
 
@@ -84,4 +85,5 @@ def read_host_health(fs: HostFS, log: KernelLog | None, gpu_bus_ids: Iterable[st
     return HostHealth(boot_id=boot.value, uptime_usec=up.value, kernel_log=status, xids=xids,
                       noted=tuple(s for s in xids if s.rank == NOTED), aer=tuple(aer),
                       ib_ports=ib.ports, errors=tuple(errors) + ib.errors, ib_not_read=ib.not_read,
-                      ib_unread_physical=ib.unread_physical, pcie_unreadable=tuple(links), boot_problem=boot.problem)
+                      ib_unread_physical=ib.unread_physical, ib_unread_named=ib.unread_named,
+                      pcie_unreadable=tuple(links), boot_problem=boot.problem)

@@ -11,10 +11,14 @@ healthy default. A file that is not there is "not reported" (no AER on this kern
 link files), which is not the same thing.
 
 InfiniBand, bounded: a node with SR-IOV has a device per virtual function (8 HCAs x 64 VFs is 520
-RDMA devices). The ports read first are the ones a profile names, then every physical function's;
-a virtual function's ports are not the node's links and are read only when named. At most
-:data:`MAX_IB_DEVICES` names are looked at and :data:`MAX_IB_PORTS` ports read per pass; what is
-left out is said (:attr:`IbReading.not_read`), never dropped silently.
+RDMA devices), and an HCA in switchdev mode numbers a port per representor (thousands, past 999).
+The ports read first are the ones a profile names (``mlx5_1/4096`` before the rest of ``mlx5_1``),
+then the rest of the devices it names, then every physical function's; a virtual function's ports
+are not the node's links and are read only when named. At most :data:`MAX_IB_DEVICES` names are
+looked at and :data:`MAX_IB_PORTS` ports read per pass; what is left out is said
+(:attr:`IbReading.not_read`, and which named ports it holds: :attr:`IbReading.unread_named`), never
+dropped silently: a device whose ports cannot be listed counts as not read, and entries that are
+no port number are named.
 """
 
 from __future__ import annotations
@@ -33,7 +37,8 @@ BOOT_ID = "/proc/sys/kernel/random/boot_id"
 UPTIME = "/proc/uptime"
 MAX_IB_DEVICES = 4096  # names in /sys/class/infiniband looked at per pass
 MAX_IB_PORTS = 1024  # ports read per pass (a port is five small files)
-MAX_PORT_NUMBER_DIGITS = 3
+MAX_PORT_NUMBER_DIGITS = 10  # the kernel numbers RDMA ports with a u32 (a switchdev HCA: thousands)
+MAX_PORT_NUMBER = 2**32 - 1
 BOOT_ID_RE = re.compile(r"[0-9a-f]{8}-[0-9a-f]{4}-[0-9a-f]{4}-[0-9a-f]{4}-[0-9a-f]{12}")
 
 # "4: ACTIVE", "5: LinkUp", "7: Phy Test"; older kernels and fixtures: the bare word
@@ -86,6 +91,7 @@ class IbReading:
     unread_physical: int = 0  # physical functions' ports (or devices) left out by the bounds: not judged
     virtual_functions: int = 0  # SR-IOV virtual functions seen and not read (not named)
     errors: tuple[str, ...] = ()
+    unread_named: tuple[str, ...] = ()  # named ports ("mlx5_1/4096") or devices not (wholly) read
 
 
 def natural_key(name: str) -> tuple[Any, ...]:
@@ -135,10 +141,29 @@ def read_ib_port(fs: Any, dev: str, port: int, *, virtual: bool = False) -> IbPo
     return p
 
 
+def _port_numbers(fs: Any, dev: str, not_read: list[str]) -> list[int] | None:
+    """The port numbers under ``DEV/ports`` (the kernel's ``u32``), in order; None when the folder
+    cannot be listed. What is there and is no port number is said in ``not_read``."""
+    try:
+        entries = fs.listdir(f"{IB_DIR}/{dev}/ports")
+    except HostError as exc:
+        not_read.append(f"{dev}: ports not listed ({exc})")
+        return None
+    if not entries:  # a device the kernel shows always has a port: this one cannot be judged
+        not_read.append(f"{dev}: ports not listed (no port in {IB_DIR}/{dev}/ports)")
+        return None
+    numbers = sorted(n for n in (uint_or_none(e, max_digits=MAX_PORT_NUMBER_DIGITS) for e in entries)
+                     if n is not None and n <= MAX_PORT_NUMBER)
+    odd = len(entries) - len(numbers)
+    if odd:
+        not_read.append(f"{IB_DIR}/{dev}/ports: {odd:,} entr{'y' if odd == 1 else 'ies'} that are not port numbers")
+    return numbers
+
+
 def read_infiniband(fs: Any, named: Iterable[str] = ()) -> IbReading:
-    """The RDMA ports under ``/sys/class/infiniband``: the named ones (``mlx5_0`` or
-    ``mlx5_0/1``) first, then every physical function's, within the bounds above."""
-    errors: list[str] = []
+    """The RDMA ports under ``/sys/class/infiniband``: the ports a profile names (``mlx5_0/1``)
+    first, then the rest of the devices it names (``mlx5_1``), then every physical function's,
+    within the bounds above."""
     try:
         names = fs.listdir(IB_DIR)
     except HostError as exc:
@@ -147,47 +172,70 @@ def read_infiniband(fs: Any, named: Iterable[str] = ()) -> IbReading:
     if len(names) > MAX_IB_DEVICES:
         not_read.append(f"{len(names) - MAX_IB_DEVICES:,} of {len(names):,} RDMA devices not looked at (at most "
                         f"{MAX_IB_DEVICES:,} per pass)")
-    named_devs = {str(n).split("/", 1)[0] for n in named}
-    looked = sorted(names, key=lambda n: (n not in named_devs, natural_key(n)))[:MAX_IB_DEVICES]
+    named_ports: dict[str, set[int]] = {}
+    named_devs: set[str] = set()
+    for n in named:
+        dev, _, port = str(n).partition("/")
+        number = uint_or_none(port, max_digits=MAX_PORT_NUMBER_DIGITS) if port else None
+        if number is not None:
+            named_ports.setdefault(dev, set()).add(number)
+        else:
+            named_devs.add(dev)
+    all_named = named_devs | set(named_ports)
+    looked = sorted(names, key=lambda n: (n not in all_named, natural_key(n)))[:MAX_IB_DEVICES]
     first, virtual = [], []
     for dev in looked:
         is_vf = fs.exists(f"{IB_DIR}/{dev}/device/physfn")
-        if dev in named_devs:
+        if dev in all_named or not is_vf:
             first.append((dev, is_vf))
-        elif is_vf:
-            virtual.append(dev)
         else:
-            first.append((dev, False))
-    # the physical functions in natural order after the named ones (the sort above kept it)
-    ports: list[IbPort] = []
-    unread_ports = unread_devs = 0
+            virtual.append(dev)
+    # the named devices first, the physical functions in natural order after them (sorted above)
+    ports: dict[tuple[str, int], IbPort] = {}
+    listed: dict[str, list[int] | None] = {}
+    unread_ports = unread_devs = unlisted = 0
+    unread_named: list[str] = []
+    for dev, is_vf in first:  # the named ports first, whatever their number
+        if dev in named_ports:
+            listed[dev] = _port_numbers(fs, dev, not_read)
+            if listed[dev] is None:
+                unread_named += [f"{dev}/{n}" for n in sorted(named_ports[dev])]
+            for n in sorted(named_ports[dev] & set(listed[dev] or ())):
+                if len(ports) < MAX_IB_PORTS:
+                    ports[(dev, n)] = read_ib_port(fs, dev, n, virtual=is_vf)
+                else:
+                    unread_named.append(f"{dev}/{n}")
     for dev, is_vf in first:
-        if len(ports) >= MAX_IB_PORTS:
-            unread_devs += 1
-            continue
-        try:
-            entries = fs.listdir(f"{IB_DIR}/{dev}/ports")
-        except HostError as exc:
-            errors.append(str(exc))
-            continue
-        numbers = sorted(n for n in (uint_or_none(e, max_digits=MAX_PORT_NUMBER_DIGITS) for e in entries)
-                         if n is not None)
-        odd = len(entries) - len(numbers)
-        if odd:
-            errors.append(f"{IB_DIR}/{dev}/ports: {odd} entr{'y' if odd == 1 else 'ies'} that are not port numbers")
-        for n in numbers:
+        if dev not in listed:
             if len(ports) >= MAX_IB_PORTS:
-                unread_ports += 1
+                unread_devs += 1
+                unread_named += [dev] if dev in named_devs else []
                 continue
-            ports.append(read_ib_port(fs, dev, n, virtual=is_vf))
+            listed[dev] = _port_numbers(fs, dev, not_read)
+        if listed[dev] is None:
+            unlisted += 1  # its ports are unknown (said where it was listed): never a device with none
+            unread_named += [dev] if dev in named_devs else []
+            continue
+        left = 0
+        for n in listed[dev]:
+            if (dev, n) in ports:
+                continue
+            if len(ports) >= MAX_IB_PORTS:
+                left += 1
+                continue
+            ports[(dev, n)] = read_ib_port(fs, dev, n, virtual=is_vf)
+        unread_ports += left
+        if left and dev in named_devs:
+            unread_named.append(dev)
     if unread_ports or unread_devs:
         not_read.append(f"{unread_ports:,} port(s) and {unread_devs:,} device(s) not read (at most "
                         f"{MAX_IB_PORTS:,} ports per pass)")
     if virtual:
         not_read.append(f"{len(virtual):,} SR-IOV virtual function(s) not read (their ports are not the node's links; "
                         "name one in readiness.expect.ib_ports to judge it)")
-    return IbReading(ports=tuple(ports), not_read=tuple(not_read), unread_physical=unread_ports + unread_devs,
-                     virtual_functions=len(virtual), errors=tuple(errors))
+    return IbReading(ports=tuple(ports.values()), not_read=tuple(not_read),
+                     unread_physical=unread_ports + unread_devs + unlisted,
+                     virtual_functions=len(virtual), unread_named=tuple(unread_named))
 
 
 def _total(name: str) -> Any:

@@ -1,7 +1,8 @@
 """GPU backends (``--gpu-backend``, docs/cli.md): chosen once at start, with the reason logged once.
 
 ``auto`` picks NVML when ``libnvidia-ml.so.1`` loads (``nvmlInit`` succeeds), else the null
-backend; when a ``--gpu-fixture`` file is given with ``auto``, the fixture backend is used.
+backend; when a ``--gpu-fixture`` file is given with ``auto``, the fixture backend is used. The
+NVML and fixture backends are read once per pass (:class:`~gpu_tune.gpu.per_pass.PassReadings`).
 """
 
 from __future__ import annotations
@@ -49,7 +50,11 @@ def select_backend(name: str = "auto", fixture: str | None = None) -> GpuBackend
             if name == "auto":
                 backend.reason = f"auto: {backend.reason}"
     log.info("GPU backend: %s (%s)", backend.name, backend.reason)
-    return backend
+    if backend.name == "none":
+        return backend  # nothing to read
+    from gpu_tune.gpu.per_pass import PassReadings
+
+    return PassReadings(backend)
 
 
 __all__ = ["BACKENDS", "GpuBackend", "GpuError", "GpuInfo", "select_backend"]

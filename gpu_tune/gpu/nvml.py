@@ -2,11 +2,14 @@
 
 Every NVML call that fails is mapped to a value, for one GPU and one reading
 (:mod:`gpu_tune.gpu.nvml_read`): "not supported" leaves that field ``None``; any other error of one
-reading ("no permission", "unknown", ...) leaves it ``None`` and is kept in ``GpuInfo.unread`` (a
-warning, never a failure of the GPU); only the GPU's own "GPU is lost" / "reset required" answers,
-or a GPU that cannot say who it is, set ``GpuInfo.error`` and ``error_kind`` ("lost",
-"reset_required", "no_permission", "error") for that GPU only; the other GPUs still answer, and a
-pair reading (P2P) that fails because the peer is lost is the peer's.
+reading ("no permission", "unknown", ...), and a value NVML cannot hold (a link state of 7, a
+temperature of 2^32-1 C), leaves it ``None`` and is kept in ``GpuInfo.unread`` (a warning, never a
+failure of the GPU); only the GPU's own "GPU is lost" / "reset required" answers, or a GPU that
+cannot say who it is (an error, or bytes that are not UTF-8, to its UUID, name or bus id), set
+``GpuInfo.error`` and ``error_kind`` ("lost", "reset_required", "no_permission", "identity",
+"error") for that GPU only; the other GPUs still answer, and a pair reading (P2P) that fails
+because the peer is lost is the peer's. Pairs are bounded: :data:`MAX_P2P_PEERS` a GPU per pass
+(:func:`p2p_peers`), the rest said.
 
 XID errors: NVML reports them only as events. At start the backend registers every GPU for
 ``nvmlEventTypeXidCriticalError`` in one event set; each :meth:`gpus` call drains the pending
@@ -22,15 +25,26 @@ from __future__ import annotations
 
 import logging
 import os
+import re
 from typing import Any
 
 from gpu_tune.gpu.base import GpuError, GpuInfo
 from gpu_tune.gpu.nvml_health import read_health
 from gpu_tune.gpu.nvml_read import GpuGone, Readings, error_kind, error_text
+from gpu_tune.host.numbers import shown
 
 log = logging.getLogger("gpu_tune")
 
 XID_KEEP = 32
+# Pairs read per GPU per pass (nvmlDeviceGetP2PStatus): every pair up to 33 GPUs (an HGX board has
+# 8, the largest NVLink node 16); past that, 32 peers a GPU: a node NVML says has 1,024 GPUs reads
+# 32,768 pairs, not 1,047,552 (and says so: gpu.readings).
+MAX_P2P_PEERS = 32
+MAX_TEMPERATURE_C = 200  # above any GPU's shutdown temperature, below solder's melting point
+MAX_PCIE_GEN = 8
+MAX_PCIE_WIDTH = 32
+IDENTITY_WORDS = {"uuid": "UUID", "name": "name", "bus": "PCI bus id"}
+BUS_ID_RE = re.compile(r"[0-9a-f]{4}:[0-9a-f]{2}:[0-9a-f]{2}\.[0-7]")
 
 # NVML clock event (throttle) reason bits -> names (nvidia-smi's words, snake_case).
 THROTTLE_REASONS: tuple[tuple[int, str], ...] = (
@@ -78,6 +92,7 @@ class NvmlBackend:
         self._event_set = None
         self._handle_index: dict[Any, int] = {}
         self._xid_unread: dict[int, str] = {}  # GPU -> why its XID events are not registered
+        self._handles: dict[int, Any] = {}  # GPU -> its handle, from the latest reading
         self._register_xid_events()
 
     # -- error mapping --------------------------------------------------------------------------
@@ -89,6 +104,11 @@ class NvmlBackend:
         return GpuError(f"GPU {index}: {what}: {error_text(exc)}", kind)
 
     def _handle(self, index: int):
+        """The GPU's handle: the one this pass's reading took (a handle stays valid until
+        ``nvmlShutdown``), else asked now."""
+        h = self._handles.get(index)
+        if h is not None:
+            return h
         try:
             return self.nv.nvmlDeviceGetHandleByIndex(index)
         except self.nv.NVMLError as exc:
@@ -165,8 +185,17 @@ class NvmlBackend:
             return []
         self._drain_xids()
         ids: dict[int, tuple[Any, str, str, str] | GpuInfo] = {i: self._identity(i) for i in range(count)}
-        peers = {i: (v[0], v[3]) for i, v in ids.items() if isinstance(v, tuple)}
-        return [v if isinstance(v, GpuInfo) else self._info(i, *v, peers) for i, v in ids.items()]
+        self._handles = {i: v[0] for i, v in ids.items() if isinstance(v, tuple)}
+        known = [(i, (v[0], v[3])) for i, v in ids.items() if isinstance(v, tuple)]
+        place = {i: n for n, (i, _) in enumerate(known)}
+        out = []
+        for i, v in ids.items():
+            if isinstance(v, GpuInfo):
+                out.append(v)
+                continue
+            peers = p2p_peers(known, place[i])
+            out.append(self._info(i, *v, peers, len(known) - 1 - len(peers)))
+        return out
 
     def _identity(self, index: int) -> tuple[Any, str, str, str] | GpuInfo:
         """(handle, UUID, name, bus id), or the GPU's record when it cannot say who it is. Each
@@ -178,7 +207,7 @@ class NvmlBackend:
         except nv.NVMLError as exc:
             return self._unidentified(index, exc, "", "", "")
         got: dict[str, str] = {}
-        first: Exception | None = None
+        first: Exception | str | None = None
         for key, call in (("uuid", nv.nvmlDeviceGetUUID), ("name", nv.nvmlDeviceGetName),
                           ("bus", nv.nvmlDeviceGetPciInfo)):
             try:
@@ -187,21 +216,29 @@ class NvmlBackend:
                             if key == "bus" else _text(v))
             except nv.NVMLError as exc:
                 first = first or exc
+            except UnicodeDecodeError as exc:  # the binding decodes the C library's bytes strictly
+                first = first or f"its {IDENTITY_WORDS[key]} is not UTF-8: {shown(_escaped(exc.object))}"
+        if "bus" in got and not BUS_ID_RE.fullmatch(got["bus"]):
+            first = first or f"its PCI bus id {shown(got['bus'])} is not a PCI address"
+            got["bus"] = ""
         if first is not None:
             return self._unidentified(index, first, got.get("uuid", ""), got.get("name", ""), got.get("bus", ""))
         return h, got["uuid"], got["name"], got["bus"]
 
-    def _unidentified(self, index: int, exc: Exception, uuid: str, name: str, bus: str) -> GpuInfo:
-        kind = self._kind(exc)
-        return GpuInfo(index=index, uuid=uuid, name=name, pci_bus_id=bus, error=error_text(exc), error_kind=kind,
-                       reset_required=True if kind == "reset_required" else None,
+    def _unidentified(self, index: int, why: Exception | str, uuid: str, name: str, bus: str) -> GpuInfo:
+        """A GPU that cannot say who it is: NVML's error, or what it said that is no name, UUID or
+        bus id (``error_kind`` "identity"); what it did say is kept, escaped."""
+        kind = self._kind(why) if isinstance(why, Exception) else "identity"
+        text = error_text(why) if isinstance(why, Exception) else why
+        return GpuInfo(index=index, uuid=_printable(uuid), name=_printable(name), pci_bus_id=bus, error=text,
+                       error_kind=kind, reset_required=True if kind == "reset_required" else None,
                        xid_events=tuple(self._xids.get(index, ())))
 
     def _info(self, index: int, h: Any, uuid: str, name: str, bus_id: str,
-              peers: dict[int, tuple[Any, str]]) -> GpuInfo:
+              peers: dict[int, tuple[Any, str]], peers_left: int) -> GpuInfo:
         r = Readings(self.nv)
         try:
-            return self._fill(r, index, h, uuid, name, bus_id, peers)
+            return self._fill(r, index, h, uuid, name, bus_id, peers, peers_left)
         except GpuGone as gone:
             return GpuInfo(index=index, uuid=uuid, name=name, pci_bus_id=bus_id,
                            error=f"{gone.text}, reading {gone.reading}", error_kind=gone.kind,
@@ -209,7 +246,7 @@ class NvmlBackend:
                            xid_events=tuple(self._xids.get(index, ())))
 
     def _fill(self, r: Readings, index: int, h: Any, uuid: str, name: str, bus_id: str,
-              peers: dict[int, tuple[Any, str]]) -> GpuInfo:
+              peers: dict[int, tuple[Any, str]], peers_left: int) -> GpuInfo:
         nv = self.nv
         mem = r.call("memory", "nvmlDeviceGetMemoryInfo", h)
         cc = r.call("compute_capability", "nvmlDeviceGetCudaComputeCapability", h)
@@ -225,13 +262,15 @@ class NvmlBackend:
         retired = r.call("retired_pages_pending", "nvmlDeviceGetRetiredPagesPendingStatus", h)
         if retired is not None:
             pending = bool(retired == nv.NVML_FEATURE_ENABLED)
-        temp = r.call("temperature", "nvmlDeviceGetTemperature", h, nv.NVML_TEMPERATURE_GPU)
+        temp = r.within("temperature", r.call("temperature", "nvmlDeviceGetTemperature", h, nv.NVML_TEMPERATURE_GPU),
+                        0, MAX_TEMPERATURE_C, "a GPU temperature in C")
         power = r.call("power", "nvmlDeviceGetPowerUsage", h)
         util = r.call("utilization", "nvmlDeviceGetUtilizationRates", h)
+        busy = None if util is None else r.within("utilization", int(util.gpu), 0, 100, "a utilization in percent")
         reasons = self._throttle_mask(r, h)
         if index in self._xid_unread:
             r.note("xid_events", self._xid_unread[index])
-        health = read_health(nv, r, h, index, peers, mig_enabled=bool(mig and mig[0]))
+        health = read_health(nv, r, h, index, peers, mig_enabled=bool(mig and mig[0]), peers_left=peers_left)
         if health["remapped_rows"] is not None:
             pending = bool(pending) or bool(health["remapped_rows"].pending)
         return GpuInfo(
@@ -240,21 +279,29 @@ class NvmlBackend:
             compute_capability=None if cc is None else f"{cc[0]}.{cc[1]}",
             persistence_mode=None if pm is None else bool(pm == nv.NVML_FEATURE_ENABLED),
             mig_mode=None if mig is None else mig[0], mig_mode_pending=None if mig is None else mig[1],
-            pcie_link_gen_current=_int(r.call("pcie_link", "nvmlDeviceGetCurrPcieLinkGeneration", h)),
-            pcie_link_gen_max=_int(r.call("pcie_link", "nvmlDeviceGetMaxPcieLinkGeneration", h)),
-            pcie_link_gen_gpu_max=_int(r.call("pcie_link", "nvmlDeviceGetGpuMaxPcieLinkGeneration", h)),
-            pcie_link_width_current=_int(r.call("pcie_link", "nvmlDeviceGetCurrPcieLinkWidth", h)),
-            pcie_link_width_max=_int(r.call("pcie_link", "nvmlDeviceGetMaxPcieLinkWidth", h)),
+            pcie_link_gen_current=self._pcie(r, "nvmlDeviceGetCurrPcieLinkGeneration", h),
+            pcie_link_gen_max=self._pcie(r, "nvmlDeviceGetMaxPcieLinkGeneration", h),
+            pcie_link_gen_gpu_max=self._pcie(r, "nvmlDeviceGetGpuMaxPcieLinkGeneration", h),
+            pcie_link_width_current=self._pcie(r, "nvmlDeviceGetCurrPcieLinkWidth", h),
+            pcie_link_width_max=self._pcie(r, "nvmlDeviceGetMaxPcieLinkWidth", h),
             ecc_mode=ecc_on, ecc_uncorrected_volatile=_int(ecc_unc), retired_pages_pending=pending,
             temperature_c=None if temp is None else float(temp),
             power_w=None if power is None else round(power / 1000.0, 3),
-            utilization_percent=None if util is None else float(util.gpu),
+            utilization_percent=None if busy is None else float(busy),
             memory_used_mib=None if mem is None else int(mem.used) // (1024 * 1024),
             clock_throttle_reasons=() if reasons is None else throttle_names(int(reasons)),
             xid_events=tuple(self._xids.get(index, ())),
             unread=tuple(sorted(r.unread.items())),
             **health,
         )
+
+    @staticmethod
+    def _pcie(r: Readings, call: str, h: Any) -> int | None:
+        """A PCIe link generation (1 to 8) or width (1 to 32 lanes), else not read."""
+        v = _int(r.call("pcie_link", call, h))
+        if "Generation" in call:
+            return r.within("pcie_link", v, 1, MAX_PCIE_GEN, "a PCIe generation")
+        return r.within("pcie_link", v, 1, MAX_PCIE_WIDTH, "a PCIe link width")
 
     def _mig_mode(self, r: Readings, h: Any) -> tuple[bool, bool] | None:
         """(current, pending) MIG mode; None where the GPU has no MIG ("not supported") or the
@@ -304,7 +351,7 @@ class NvmlBackend:
     def cpu_affinity(self, index: int) -> frozenset[int] | None:
         nv = self.nv
         try:
-            h = nv.nvmlDeviceGetHandleByIndex(index)
+            h = self._handles.get(index) or nv.nvmlDeviceGetHandleByIndex(index)
             words = (max(os.cpu_count() or 1, 1024) + 63) // 64
             arr = nv.nvmlDeviceGetCpuAffinity(h, words)
         except nv.NVMLError:
@@ -336,6 +383,24 @@ class NvmlBackend:
 
 def _int(v: Any) -> int | None:
     return None if v is None else int(v)
+
+
+def p2p_peers(known: list[tuple[int, Any]], place: int) -> dict[int, Any]:
+    """The GPUs whose P2P status with the GPU at ``known[place]`` is read this pass: every other
+    GPU that said who it is, up to :data:`MAX_P2P_PEERS`; past that, the next ones in index order,
+    wrapping round (each GPU then reads as many pairs as it is read in: every GPU judged, the
+    pairs bounded). ``known``: (index, (handle, bus id)) in index order."""
+    n = len(known)
+    return dict(known[(place + j) % n] for j in range(1, min(n, MAX_P2P_PEERS + 1)))
+
+
+def _escaped(raw: bytes) -> str:
+    return raw.decode("utf-8", "backslashreplace")
+
+
+def _printable(text: str) -> str:
+    """An identity string as kept for a GPU that cannot say who it is: ASCII, escaped."""
+    return text if text.isascii() and text.isprintable() else ascii(text)[1:-1]
 
 
 def _key(handle: Any) -> Any:

@@ -10,6 +10,7 @@ any other error is that reading's ("not read: <why>", a warning); only the GPU's
 from __future__ import annotations
 
 import ctypes
+import math
 from typing import Any
 
 from gpu_tune.gpu.base import Fabric, NvLink, RemappedRows, SramEcc
@@ -37,9 +38,10 @@ VALUE_MEMBERS = {0: "dVal", 1: "uiVal", 2: "ulVal", 3: "ullVal", 4: "sllVal", 5:
 
 
 def read_health(nv: Any, r: Readings, h: Any, index: int, peers: dict[int, tuple[Any, str]],
-                mig_enabled: bool = False) -> dict[str, Any]:
+                mig_enabled: bool = False, peers_left: int = 0) -> dict[str, Any]:
     """The health fields of :class:`~gpu_tune.gpu.base.GpuInfo` for the GPU behind ``h``.
-    ``peers``: the other GPUs that said who they are this pass (index -> (handle, bus id))."""
+    ``peers``: the other GPUs that said who they are this pass whose P2P status with this one is
+    read (index -> (handle, bus id)); ``peers_left``: how many more there are, not read."""
     links = _nvlink(nv, r, h)
     up = bool(links) and any(link.active for link in links)
     out: dict[str, Any] = {
@@ -48,7 +50,7 @@ def read_health(nv: Any, r: Readings, h: Any, index: int, peers: dict[int, tuple
         "remapped_rows": _remapped_rows(r, h),
         "sram_ecc": _sram(nv, r, h),
         "nvlink": links,
-        "nvlink_p2p": _p2p(nv, r, h, index, peers) if up and not mig_enabled else None,
+        "nvlink_p2p": _p2p(nv, r, h, index, peers, peers_left) if up and not mig_enabled else None,
         "fabric": _fabric(nv, r, h),
         "pcie_replay_count": r.call("pcie_replay_count", "nvmlDeviceGetPcieReplayCounter", h),
         "sm_clock_mhz": r.call("sm_clock", "nvmlDeviceGetClockInfo", h, getattr(nv, "NVML_CLOCK_SM", 1)),
@@ -84,7 +86,20 @@ def _recovery_action(nv: Any, r: Readings, h: Any) -> str | None:
     if code is None:
         r.note("recovery_action", f"value type {int(getattr(v, 'valueType', -1))} is not a number")
         return None
+    if not action_code(code):
+        # NaN, infinity, 1.5, -1, NVML's all-ones "not available": no nvmlDeviceGpuRecoveryAction_t
+        r.note("recovery_action", f"{code!r} is not a recovery action (a whole number from 0 to {2**31 - 1})")
+        return None
     return RECOVERY_ACTIONS.get(int(code), f"unknown_{int(code)}")
+
+
+def action_code(code: int | float) -> bool:
+    """Whether a field value can be an ``nvmlDeviceGpuRecoveryAction_t`` (a C enum): a whole,
+    finite number from 0 to 2^31-1, of whatever value type NVML said it sent. An action this
+    version does not know (8, say) still gates, as ``unknown_8``: a newer driver asks something."""
+    if isinstance(code, float) and not (math.isfinite(code) and code.is_integer()):
+        return False
+    return 0 <= code <= 2**31 - 1
 
 
 def _inforom(nv: Any, r: Readings, h: Any) -> bool | None:
@@ -147,6 +162,9 @@ def _nvlink(nv: Any, r: Readings, h: Any) -> tuple[NvLink, ...] | None:
                 r.failed("nvlink", exc)  # raises: the GPU's own state
             unread.append((link, error_text(exc)))
             continue
+        if state not in (enabled, getattr(nv, "NVML_FEATURE_DISABLED", 0)):
+            unread.append((link, f"state {state} is not an NVML link state (0 or 1)"))
+            continue
         active = bool(state == enabled)
         errs: dict[str, int | None] = {}
         for key, counter in counters:
@@ -161,7 +179,8 @@ def _nvlink(nv: Any, r: Readings, h: Any) -> tuple[NvLink, ...] | None:
     return tuple(links) or None
 
 
-def _p2p(nv: Any, r: Readings, h: Any, index: int, peers: dict[int, tuple[Any, str]]) -> tuple[tuple[str, bool], ...] | None:
+def _p2p(nv: Any, r: Readings, h: Any, index: int, peers: dict[int, tuple[Any, str]],
+         peers_left: int = 0) -> tuple[tuple[str, bool], ...] | None:
     fn = getattr(nv, "nvmlDeviceGetP2PStatus", None)
     if fn is None:
         return None
@@ -170,6 +189,8 @@ def _p2p(nv: Any, r: Readings, h: Any, index: int, peers: dict[int, tuple[Any, s
     unknown = getattr(nv, "NVML_P2P_STATUS_UNKNOWN", 6)
     out = []
     failed = []
+    if peers_left > 0:
+        failed.append(f"{peers_left:,} of {len(peers) + peers_left:,} peers (at most {len(peers)} a GPU per pass)")
     for j, (peer, bus) in sorted(peers.items()):
         if j == index:
             continue
@@ -183,8 +204,9 @@ def _p2p(nv: Any, r: Readings, h: Any, index: int, peers: dict[int, tuple[Any, s
             # says so in its own readings (a peer's in its row); here it is one pair not read
             failed.append(f"{bus}: {error_text(exc)}")
             continue
-        if status == unknown:
-            failed.append(f"{bus}: NVML_P2P_STATUS_UNKNOWN")
+        if status == unknown or not 0 <= status <= unknown:  # UNKNOWN, or no nvmlGpuP2PStatus_t at all
+            failed.append(f"{bus}: " + ("NVML_P2P_STATUS_UNKNOWN" if status == unknown else
+                                         f"status {status} is not an NVML P2P status (0 to {unknown})"))
             continue
         out.append((bus, bool(status == ok)))
     if failed:
@@ -219,7 +241,10 @@ def _fabric(nv: Any, r: Readings, h: Any) -> Fabric | None:
             if error_kind(exc) == "not_supported":  # no such call or struct version here: an older one
                 continue
             return r.failed("fabric", exc)
-        state = FABRIC_STATES.get(int(info.state), f"unknown_{int(info.state)}")
+        state = FABRIC_STATES.get(int(info.state))
+        if state is None:  # no nvmlGpuFabricState_t: a value NVML cannot hold, not a fabric fault
+            r.note("fabric", f"state {int(info.state)} is not an NVML fabric state (0 to 3)")
+            return None
         if state == "not_supported":
             return None  # not part of an NVSwitch fabric
         code = int(info.status)

@@ -11,8 +11,9 @@ A reading (:meth:`Readings.read`) ends one of four ways:
 - ``None`` without a word: the GPU, the driver or the binding does not have it (``NOT_SUPPORTED``,
   ``FUNCTION_NOT_FOUND``, ``ARGUMENT_VERSION_MISMATCH``, a binding without the function);
 - ``None``, with "not read: <why>" kept in :attr:`Readings.unread` under the reading's name: any
-  other answer (``NO_PERMISSION``, ``UNKNOWN``, ``TIMEOUT``, ...). That is the reading's fault, for
-  that GPU: it is reported by a warning check and never fails the GPU;
+  other answer (``NO_PERMISSION``, ``UNKNOWN``, ``TIMEOUT``, ...), or a value NVML cannot hold (a
+  link state outside its enum, a temperature of 2^32-1 C: :meth:`Readings.within`). That is the
+  reading's fault, for that GPU: it is reported by a warning check and never fails the GPU;
 - :class:`GpuGone`: the GPU's own answer that it is lost (``GPU_IS_LOST``) or needs a reset
   (``RESET_REQUIRED``). Only these end the GPU's reading; the backend records them for that GPU.
 """
@@ -129,3 +130,17 @@ class Readings:
 
     def note(self, reading: str, why: str) -> None:
         self.unread.setdefault(reading, f"not read: {why}")
+
+    def within(self, reading: str, value: Any, low: int, high: int, what: str) -> Any:
+        """``value`` when NVML's answer is a number from ``low`` to ``high``; else None, and the
+        reading is "not read" (a value NVML cannot hold: its own all-ones "not available", a
+        temperature of 4.29e9 C) rather than a fault of the GPU."""
+        if value is None or (isinstance(value, int) and not isinstance(value, bool) and low <= value <= high):
+            return value
+        na = " (NVML's \"not available\")" if value in NOT_AVAILABLE else ""
+        self.note(reading, f"{value}{na} is not {what} ({low} to {high})")
+        return None
+
+
+# nvml.h NVML_VALUE_NOT_AVAILABLE_uint / _ulonglong: all ones
+NOT_AVAILABLE = frozenset({2**32 - 1, 2**64 - 1})

@@ -253,7 +253,8 @@ class Agent:
         errors: dict[str, str] = {}
         statuses: list[CollectorStatus] = []
         until = time.monotonic() + self.pass_deadline
-
+        if self.stages.next_pass is not None:  # every stage of this pass sees one reading of the GPUs
+            self.stages.next_pass()
         topo, st = self._run("discover", self.stages.discover, until)
         statuses.append(st)
         if st.success:
@@ -354,17 +355,15 @@ class Agent:
                 pre, self._topology_doc, self._gpus, driver, audit=self._audit, probes=probes, mode=mode,
                 **extra), until)
         statuses.append(st)
-        if pub is None and st.success:
-            pass
-        elif st.success:
+        if not st.success:
+            errors["publish"] = st.error
+        elif pub is not None:
             self._last_publish = pub
             if field_of(pub, "node_read", False):
                 self._note_facts(pub)
             if not field_of(pub, "ok", False):
                 statuses[-1] = CollectorStatus("publish", False, st.duration,
                                                str(field_of(pub, "detail", "") or "not ok"))
-        else:
-            errors["publish"] = st.error
         final = verdict(**{**judge, "errors": errors}, publish=pub if st.success else None)
 
         now = self.clock()

@@ -78,6 +78,10 @@ class Stages:
     # ``revert_pending() -> rows``: the recorded originals not back in place, read only (what an
     # agent that never writes the host reports when a revert is asked of it).
     revert_pending: Callable[[], Any] | None = None
+    # ``next_pass()``: called at the start of each pass, never waits: the GPU backend reads the
+    # GPUs again at the pass's first ask and answers its other asks from that reading
+    # (gpu_tune.gpu.per_pass). None: every ask reads.
+    next_pass: Callable[[], None] | None = None
 
 
 def default_stages(options: ServeOptions) -> Stages:
@@ -209,4 +213,5 @@ def default_stages(options: ServeOptions) -> Stages:
     return Stages(node=node, profile=profile, discover=discover, audit=audit, enforce=enforce, gpus=gpus,
                   probe=probe, publish=publish, identity=identity, revert=revert, close=close,
                   probe_interval=interval, read_node=publisher.read, revert_pending=revert_pending, health=health,
+                  next_pass=getattr(backend, "next_pass", None),
                   gain=gain if options.mode == "enforce" and profile.gain.measure_on_start else None)

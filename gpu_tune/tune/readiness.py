@@ -34,7 +34,7 @@ CHECK_KEY_RE = re.compile(r"[a-z0-9_*]+(\.[a-z0-9_*]+)*")
 _UNITS = {"s": 1, "m": 60, "h": 3600, "d": 86400}
 _DURATION_RE = re.compile(r"(?:[0-9]{1,6}[smhd])+")
 ACROSS = " across boots"
-IB_PORT_RE = re.compile(r"[A-Za-z0-9_.-]{1,64}(/[0-9]{1,3})?")
+IB_PORT_RE = re.compile(r"[A-Za-z0-9_.-]{1,64}(/[0-9]{1,10})?")  # the kernel numbers ports with a u32
 
 
 class _Strict(BaseModel):

@@ -108,21 +108,31 @@ class Network(Family):
             return []
         out = []
         judged, absent = _expected(ports, want)
-        problems = [f"{n}: no such port" for n in absent]
+        unread_named = tuple(getattr(host, "ib_unread_named", ()) or ())
+        problems = [f"{n}: no such port" for n in absent if n not in unread_named]
         for p in judged:
             problems += list(getattr(p, "unreadable", ()) or ())
             if not p.up:
                 problems.append(f"{p.name} is {p.state or '?'} / {p.phys_state or '?'}")
         slow, rate_source = rate_problems(judged, facts.expect)
         problems += slow
+        short = False
         if isinstance(want, int) and not isinstance(want, bool):
             up = sum(1 for p in ports if p.up)
             if up < want:
                 problems.insert(0, f"{up} of {want} expected ports up")
+                short = True
             judged = ports
         not_read = list(getattr(host, "ib_not_read", ()) or ())
-        if unread:
-            problems.append(f"not judged: {'; '.join(t for t in not_read if 'virtual function' not in t)}")
+        # a port left unread that may be an expected one is never passed: every InfiniBand port of a
+        # physical function (no list in the profile), a port or device the profile names, or any
+        # port while fewer than the expected number are up. Ports past the bound beside every
+        # named one read are said in the passing detail.
+        if unread and (want is None or unread_named or short):
+            named = f"{', '.join(unread_named[:8])} among them; " if unread_named else ""
+            problems.append(f"not judged: {named}{'; '.join(t for t in not_read if 'virtual function' not in t)}"
+                            + ("" if want is not None else " (name the node's ports in readiness.expect.ib_ports "
+                               "to judge those alone)"))
         if problems:
             out.append(self.check("network.infiniband", False, listed(problems) + ": " + REMEDY, listed(problems, 3)))
         elif judged:

@@ -5,7 +5,9 @@
   capacity) and the agent sees none;
 - ``gpu.present``: every GPU NVML lists answers (not "GPU is lost", no other error);
 - ``gpu.count``: the NVIDIA display controllers on the PCI bus (sysfs), the GPUs NVML lists and the
-  node's expected count agree; each disagreement names both numbers and the missing bus ids.
+  node's expected count agree, and NVML lists each GPU once (no UUID or bus id twice); each
+  disagreement names both numbers and the missing bus ids, also when the counts agree only because
+  NVML lists one GPU twice while another is gone.
 """
 
 from __future__ import annotations
@@ -26,6 +28,27 @@ def pci_gpus(topology) -> list[str]:
         if isinstance(g, dict) and g.get("pci_bus_id") and g.get("on_pci_bus", True):
             out.append(str(g["pci_bus_id"]).lower())
     return sorted(set(out))
+
+
+def few(items: list[str], limit: int = 8) -> str:
+    """The first ``limit`` of ``items`` and how many more (a detail stays short at 1,024 GPUs)."""
+    return ", ".join(items[:limit]) + (f" and {len(items) - limit:,} more" if len(items) > limit else "")
+
+
+def twice(gpus) -> list[str]:
+    """GPUs NVML lists under one UUID or one bus id: one GPU listed twice (and so, on a node whose
+    count still agrees, another one gone)."""
+    groups: dict[tuple[int, ...], list[str]] = {}
+    for what, key in (("UUID", lambda g: g.uuid), ("bus id", lambda g: (g.pci_bus_id or "").lower())):
+        seen: dict[str, list[int]] = {}
+        for g in gpus:
+            if key(g) and not g.error:
+                seen.setdefault(key(g), []).append(g.index)
+        for value, idx in seen.items():
+            if len(idx) > 1:
+                groups.setdefault(tuple(idx), []).append(f"{what} {value}")
+    return [f"NVML lists GPU {few([str(i) for i in idx])} under one {' and '.join(whats)}: one GPU listed "
+            f"{len(idx)} times" for idx, whats in sorted(groups.items())[:8]]
 
 
 class Presence(Family):
@@ -71,6 +94,9 @@ class Presence(Family):
                 if g.error_kind == "lost":
                     bad[g.index] = (f"{gpu_label(g)} is lost (NVML: {g.error}): cordon and drain the node, check "
                                     f"dmesg for Xid 79, then reset the GPU or reboot")
+                elif g.error_kind == "identity":
+                    bad[g.index] = (f"{gpu_label(g)} cannot say who it is (NVML: {g.error}): check the driver with "
+                                    "nvidia-smi -q; reset the GPU or reboot")
                 else:
                     bad[g.index] = f"{gpu_label(g)} does not answer ({g.error_kind or 'error'}: {g.error}): check the driver with nvidia-smi"
         per = tuple((str(g.index), g.index not in bad) for g in gpus)
@@ -87,7 +113,7 @@ class Presence(Family):
         expected = facts.expect.gpus
         if not pci and not n_nvml and not expected:
             return None
-        problems = []
+        problems = twice(facts.gpus)
         notes = []
         if facts.topology is not None and not pci and n_nvml:
             # no NVIDIA controller in sysfs at all: not the host's /sys (a GPU fixture on another
@@ -97,11 +123,18 @@ class Presence(Family):
             missing = [b for b in pci if b not in nvml]
             if len(pci) > n_nvml:
                 problems.append(f"{len(pci)} NVIDIA GPU(s) on the PCI bus but NVML lists {n_nvml}"
-                                + (f": missing from NVML {', '.join(missing)}" if missing else ""))
+                                + (f": missing from NVML {few(missing)}" if missing else ""))
             else:
                 extra = [b for b in nvml if b not in pci]
                 problems.append(f"NVML lists {n_nvml} GPU(s) but {len(pci)} are on the PCI bus"
-                                + (f": not found on the bus {', '.join(extra)}" if extra else ""))
+                                + (f": not found on the bus {few(extra)}" if extra else ""))
+        elif facts.topology is not None:
+            # as many as on the bus, but not the same ones (one GPU listed twice, another gone): each
+            # GPU on the bus that NVML does not name, beyond those that could not say their bus id
+            missing = [b for b in pci if b not in nvml]
+            unnamed = sum(1 for g in facts.gpus if not g.pci_bus_id)
+            if len(missing) > unnamed:
+                problems.append(f"{len(missing)} NVIDIA GPU(s) on the PCI bus that NVML does not list: {few(missing)}")
         have = max(len(pci), n_nvml)
         if expected is not None and have < expected:
             where = f" ({facts.expect.source})" if facts.expect.source else ""

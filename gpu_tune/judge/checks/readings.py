@@ -53,7 +53,8 @@ class Readings(Family):
             return [self.check("gpu.readings", True, f"every NVML reading answered on {len(gpus)} GPU(s)", gpus=per)]
         texts = []
         for (reading, why), idx in sorted(groups.items(), key=lambda kv: (kv[1][0], kv[0])):
-            who = f"GPU {idx[0]}" if len(idx) == 1 else f"{len(idx)} of {len(gpus)} GPUs ({', '.join(map(str, idx))})"
+            shown = ", ".join(map(str, idx[:16])) + (f", ... {idx[-1]}" if len(idx) > 16 else "")
+            who = f"GPU {idx[0]}" if len(idx) == 1 else f"{len(idx)} of {len(gpus)} GPUs ({shown})"
             need = "; nvml.h: requires root" if reading in ROOT_READINGS and "ermission" in why else ""
             judged = READING_CHECKS.get(reading, "")
             texts.append(f"{reading} on {who} {why}{need}" + (f" ({judged} judged without it)" if judged else ""))
