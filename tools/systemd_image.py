@@ -90,14 +90,10 @@ SPECS = {
 }
 
 
-def _tools_image():
-    spec = importlib.util.spec_from_file_location("gpu_tune_tools_image", ROOT / "tools" / "image.py")
-    mod = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(mod)
-    return mod
-
-
-ti = _tools_image()
+_spec = importlib.util.spec_from_file_location("gpu_tune_tools_image", ROOT / "tools" / "image.py")
+ti = sys.modules.setdefault(_spec.name, importlib.util.module_from_spec(_spec))  # tools/image.py, beside this file
+if not hasattr(ti, "podman"):
+    _spec.loader.exec_module(ti)
 
 
 def ensure(spec: Spec, *, no_cache: bool = False, log=sys.stderr) -> tuple[str, float | None]:
