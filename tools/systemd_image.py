@@ -79,7 +79,8 @@ class Spec:
         return f"{REPO_NAME}:{self.name}-{self.key()}"
 
 
-BASE = ["systemd", "systemd-sysv", "dbus", "ca-certificates"]
+# libjemalloc2: the profiles preload it (allocator.preload), as docs/systemd.md installs it first
+BASE = ["systemd", "systemd-sysv", "dbus", "ca-certificates", "libjemalloc2"]
 SPECS = {
     "debian12": Spec("debian12", "bookworm", "252", [*BASE, "python3", "python3-venv"]),
     "debian11": Spec("debian11", "bullseye", "247", BASE,
