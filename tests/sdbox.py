@@ -46,7 +46,7 @@ def install_lines(package: str) -> list[str]:
     """docs/systemd.md's install block, from ``PYTHON=`` to ``enable --now``, as root, with
     ``package`` in place of ``'gpu-tune[gpu]'``."""
     text = (ROOT / "docs" / "systemd.md").read_text()
-    block = text.split("### Install", 1)[1].split("```sh\n", 1)[1].split("```", 1)[0]
+    block = text.split("## Install", 1)[1].split("```sh\n", 1)[1].split("```", 1)[0]
     lines = [ln.split("  #", 1)[0].strip() for ln in block.splitlines() if ln.strip()]
     first = next(i for i, ln in enumerate(lines) if ln.startswith("PYTHON="))
     last = next(i for i, ln in enumerate(lines) if "enable --now" in ln)

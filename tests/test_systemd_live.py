@@ -47,6 +47,8 @@ def need_tools() -> None:
 @pytest.fixture(scope="module", params=sorted(sdi.SPECS, reverse=True))
 def box(request):
     need_tools()
+    if not FIGURES:  # the first image: both images, the wheels and the venv made side by side if missing
+        FIGURES["prepare"] = {k: v for k, v in sdi.prepare().items() if v is not None}
     FIGURES[request.param] = {}
     with boot_installed(sdi.SPECS[request.param], FIGURES[request.param]) as b:
         yield b
@@ -243,5 +245,7 @@ def test_no_unit_waits_for_the_network(box):
 
 
 def test_figures(box):
-    """The closing figures of this image (printed; -s shows them)."""
+    """The closing figures of this image (printed; -s shows them), and what a cold run made."""
     print(f"{box.spec.name}: " + ", ".join(f"{k} {v:.2f}" for k, v in FIGURES[box.spec.name].items()))
+    if FIGURES.get("prepare"):
+        print("made for these tests (s): " + ", ".join(f"{k} {v:.0f}" for k, v in FIGURES["prepare"].items()))

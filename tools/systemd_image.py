@@ -192,6 +192,23 @@ def seeded_venv(wheels: Path, log=sys.stderr) -> tuple[Path, float | None]:
     return folder, time.monotonic() - t0
 
 
+def prepare(log=sys.stderr) -> dict[str, float | None]:
+    """Every image, the wheels and the dependencies' venv, what is missing made side by side (the
+    downloads and dpkg's unpacking overlap): the seconds each took (None: cached)."""
+    from concurrent.futures import ThreadPoolExecutor
+
+    def d12_and_venv() -> tuple[float | None, float | None]:
+        _, built = ensure(SPECS["debian12"], log=log)
+        return built, seeded_venv(wheels.result()[0], log=log)[1]
+
+    with ThreadPoolExecutor(3) as pool:
+        wheels = pool.submit(wheelhouse, log)
+        d11 = pool.submit(ensure, SPECS["debian11"], log=log)
+        d12 = pool.submit(d12_and_venv)
+        built12, venv = d12.result()
+        return {"debian12": built12, "debian11": d11.result()[1], "wheels": wheels.result()[1], "venv": venv}
+
+
 def project_wheel(dest: Path) -> Path:
     """This checkout as a wheel (what `pip install gpu-tune` installs), in ``dest``."""
     dest.mkdir(parents=True, exist_ok=True)
