@@ -140,7 +140,7 @@ def test_what_a_system_service_owes_its_administrator(units):
         assert not any("network-online.target" in v for k in ("After", "Wants", "Requires") for v in unit.get(k, []))
     assert s["Type"] == ["notify"] and s["NotifyAccess"] == ["main"]
     assert s["Restart"] == ["on-failure"] and s["RestartPreventExitStatus"] == ["2"]
-    assert s["StartLimitBurst"] == ["5"] and s["StartLimitIntervalSec"] == ["10min"]
+    assert s["StartLimitBurst"] == ["10"] and s["StartLimitIntervalSec"] == ["5min"]
     assert a["Conflicts"] == ["tuned.service"] and "tuned.service" in a["After"][0].split()
 
 
