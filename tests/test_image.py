@@ -18,7 +18,6 @@ seconds.
 
 from __future__ import annotations
 
-import glob
 import hashlib
 import importlib.util
 import json
@@ -37,6 +36,7 @@ import pytest
 import yaml
 
 from tests import skips
+from tests.hostsnap import restore, snapshot, snapshot_diff
 from tests.realkube.plugin import record_timing
 
 pytestmark = pytest.mark.slow
@@ -296,49 +296,6 @@ def test_audit_in_the_image_equals_the_venv(image, make_pod, tmp_path):
 
 
 # -- (b) apply -> revert on this machine's kernel -------------------------------------------------
-KERNEL_FILES = ["/proc/sys/kernel/numa_balancing", "/proc/sys/vm/*",
-                "/sys/kernel/mm/transparent_hugepage/*",
-                "/sys/devices/system/cpu/cpu*/cpufreq/scaling_governor",
-                "/sys/devices/system/cpu/cpu*/cpuidle/state*/disable",
-                "/proc/irq/*/smp_affinity"]
-
-
-def snapshot() -> dict[str, bytes]:
-    snap = {}
-    for pattern in KERNEL_FILES:
-        for p in glob.glob(pattern):
-            if not os.path.isfile(p):
-                continue
-            try:
-                with open(p, "rb") as fh:
-                    snap[p] = fh.read()
-            except OSError:
-                pass  # write-only (drop_caches) or not readable here
-    return snap
-
-
-def restore(snap: dict[str, bytes]) -> list[str]:
-    """Write back every file that differs from the snapshot; return what could not be."""
-    failed = []
-    for p, data in snapshot_diff(snap).items():
-        try:
-            with open(p, "wb") as fh:
-                fh.write(_writable_form(p, snap[p]))
-        except OSError as exc:
-            failed.append(f"{p}: {exc}")
-    return failed
-
-
-def _writable_form(path: str, data: bytes) -> bytes:
-    m = re.search(rb"\[([^\]]+)\]", data)  # THP files show the choice in brackets
-    return m.group(1) if "transparent_hugepage" in path and m else data
-
-
-def snapshot_diff(snap: dict[str, bytes]) -> dict[str, tuple[bytes, bytes]]:
-    now = snapshot()
-    return {p: (snap[p], now.get(p)) for p in snap if now.get(p) != snap[p]}
-
-
 def test_enforce_apply_then_revert_is_byte_exact_on_this_kernel(image, make_pod, tmp_path):
     pod = make_pod("training")
     assert pod.arg("--mode") == "enforce"

@@ -274,6 +274,39 @@ def test_enforce_row_held_back_by_the_rate_limit_says_so():
     assert "see the rows' detail" in detail
 
 
+def test_enforce_a_refused_write_reports_the_kernels_reason_not_the_rate_limit(caplog):
+    """kernel.numa_balancing needs CAP_SYS_ADMIN, outside gpu-tune.service's bounding set: its
+    re-apply fails. Until the next try the row says why (the kernel's words, status error), never
+    that a rate limit holds back a write that never happened; each refused try is one warning."""
+    world = World()
+    nb = {"id": "sysctl.kernel.numa_balancing", "target": "host", "current": "1", "desired": "0",
+          "status": "drift", "detail": ""}
+    refused = "cannot write '0' to /proc/sys/kernel/numa_balancing: Operation not permitted"
+    world.audit_doc = {"profile": "training", "compliant": False, "settings": [nb]}
+    world.enforce_doc = {"profile": "training", "compliant": False,
+                         "settings": [{**nb, "status": "error", "changed": False, "detail": refused}]}
+    mono = Mono()
+    agent = Agent(world.stages(), mode="enforce", enforce_min_interval=300, monotonic=mono)
+    with caplog.at_level("WARNING", logger="gpu_tune"):
+        first = agent.run_pass()
+        mono.t += 60
+        second = agent.run_pass()
+    assert world.calls["enforce"] == 1
+    assert first.audit["settings"][0]["detail"] == refused
+    row = second.audit["settings"][0]
+    assert row["status"] == "error" and row["detail"].startswith(refused), row
+    assert "rate limit" not in row["detail"] and "next try in 240s" in row["detail"]
+    warned = [r.getMessage() for r in caplog.records if "numa_balancing" in r.getMessage()]
+    assert len(warned) == 1 and refused in warned[0], warned
+    mono.t += 241  # tried again at the limit; this time it takes
+    world.enforce_doc = {"profile": "training", "compliant": True, "settings": [{**nb, "status": "ok", "current": "0"}]}
+    agent.run_pass()
+    mono.t += 60  # drifted again since: now the rate limit is the reason
+    third = agent.run_pass()
+    assert third.audit["settings"][0]["status"] == "drift" and "held back by the enforce rate limit" in \
+        third.audit["settings"][0]["detail"]
+
+
 def test_readiness_change_is_logged_at_info(caplog):
     world = World()
     agent, _ = ready_agent(world)

@@ -11,9 +11,11 @@ the CLI accepts.
 from __future__ import annotations
 
 import json
+import os
 import re
 import shutil
 import subprocess
+import sys
 from pathlib import Path
 
 import pytest
@@ -21,6 +23,7 @@ import pytest
 from tests import skips
 
 UNITS = ("gpu-tune.service", "gpu-tune-apply.service")
+REPO_DIR = Path(__file__).resolve().parents[1]
 SYSTEM_UNITS = (Path("/usr/lib/systemd/system"), Path("/lib/systemd/system"))
 
 
@@ -121,8 +124,74 @@ def test_the_agent_audits_by_default_and_keeps_to_its_folders(units):
     for off in ("ProtectKernelTunables", "ProtectKernelLogs", "PrivateDevices", "MemoryDenyWriteExecute"):
         assert off not in s, off  # the settings are kernel files, the XIDs are in the kernel log, NVML needs /dev
     a = settings(units["gpu-tune-apply.service"])
-    assert a["Type"] == ["oneshot"] and a["ExecStart"] == ["/usr/local/bin/gpu-tune apply"]
+    assert a["Type"] == ["oneshot"] and a["ExecStart"] == ["/usr/local/bin/gpu-tune apply --agent-mode ${GPU_TUNE_MODE}"]
     assert "gpu-tune.service" in a["Before"][0].split() and a["CapabilityBoundingSet"] == ["CAP_SYS_ADMIN"]
+    assert a["Environment"] == ["GPU_TUNE_MODE=audit"] and a["EnvironmentFile"] == ["-/etc/default/gpu-tune"]
+
+
+def test_what_a_system_service_owes_its_administrator(units):
+    """The unit files' side of docs/systemd.md (each also run under a real systemd in
+    tests/test_systemd_live.py): no ProtectClock (systemd < 252 turns it into a device allow-list
+    without the GPUs), started = listening (Type=notify), a bad setting fails instead of restarting
+    for ever, no wait for the network, and never beside tuned."""
+    s, a = settings(units["gpu-tune.service"]), settings(units["gpu-tune-apply.service"])
+    for unit in (s, a):
+        assert "ProtectClock" not in unit and "DeviceAllow" not in unit and "DevicePolicy" not in unit
+        assert not any("network-online.target" in v for k in ("After", "Wants", "Requires") for v in unit.get(k, []))
+    assert s["Type"] == ["notify"] and s["NotifyAccess"] == ["main"]
+    assert s["Restart"] == ["on-failure"] and s["RestartPreventExitStatus"] == ["2"]
+    assert s["StartLimitBurst"] == ["10"] and s["StartLimitIntervalSec"] == ["5min"]
+    assert a["Conflicts"] == ["tuned.service"] and "tuned.service" in a["After"][0].split()
+
+
+def _journal_run(*args: str, env: dict | None = None) -> subprocess.CompletedProcess:
+    """gpu-tune with its stdout a pipe that JOURNAL_STREAM names, as systemd runs a unit."""
+    cmd = 'JOURNAL_STREAM=$(stat -L -c %d:%i /proc/$$/fd/1) exec "$0" -m gpu_tune "$@"'
+    return subprocess.run(["sh", "-c", cmd, sys.executable, *args], capture_output=True, text=True, timeout=120,
+                          env={**os.environ, "PYTHONPATH": str(REPO_DIR), "COLUMNS": "80", **(env or {})})
+
+
+def test_apply_writes_one_plain_line_a_setting_to_the_journal(make_host, gpu_fixture, tmp_path):
+    """A rich table at 80 columns was 158 journal lines for 17 rows, with a 3-character detail
+    column. Where stdout is the journal: one line per setting (group), naming its status, targets,
+    values and detail, and the summary last; a terminal or a pipe keeps the table."""
+    root = make_host("two-socket-224")
+    fix = gpu_fixture("dgx-8gpu")
+    args = ("apply", "--root", str(root), "--gpu-backend", "fixture", "--gpu-fixture", str(fix))
+    r = _journal_run(*args)
+    assert r.returncode in (0, 1), r.stderr
+    lines = r.stdout.splitlines()
+    doc = json.loads(_journal_run("audit", "--root", str(root), "--gpu-backend", "fixture", "--gpu-fixture",
+                                  str(fix), "-o", "json").stdout)
+    assert not [ln for ln in lines if re.search("[│┃━─┏┗]", ln)], lines[:10]
+    for row in doc["settings"]:
+        assert any(row["id"] in ln and ln.split()[0].rstrip(",") == row["status"] for ln in lines), (row, lines)
+    assert lines[-1].startswith("apply: profile training on ") and "changed" in lines[-1], lines[-1]
+    assert len(lines) < 60, f"{len(lines)} lines"
+    print(f"apply's journal: {len(lines)} lines for {len(doc['settings'])} rows")
+    piped = subprocess.run([sys.executable, "-m", "gpu_tune", *args], capture_output=True, text=True, timeout=120,
+                           env={**os.environ, "PYTHONPATH": str(REPO_DIR), "COLUMNS": "80"})
+    assert "━" in piped.stdout or "─" in piped.stdout, "without the journal the table stays"
+
+
+def test_apply_in_revert_mode_applies_nothing_and_restores(make_host, gpu_fixture):
+    """GPU_TUNE_MODE=revert reaches the apply unit as --agent-mode revert: nothing applied at boot,
+    the recorded originals restored (the agent in revert mode does the same a second later)."""
+    from tests.conftest import run_cli, snapshot_tree
+
+    root = make_host("two-socket-224")
+    fix = gpu_fixture("dgx-8gpu")
+    g = ("--root", str(root), "--gpu-backend", "fixture", "--gpu-fixture", str(fix))
+    untuned = snapshot_tree(root)
+    assert run_cli("apply", *g).returncode in (0, 1)
+    assert snapshot_tree(root) != untuned
+    r = run_cli("apply", "--agent-mode", "revert", *g)
+    assert r.returncode == 0 and "nothing applied" in r.stderr, r.stdout + r.stderr
+    assert snapshot_tree(root) == untuned
+    r = run_cli("apply", "--agent-mode", "revert", *g)  # at the next boot: nothing to restore, nothing applied
+    assert r.returncode == 0 and snapshot_tree(root) == untuned
+    bad = run_cli("apply", "--agent-mode", "audits", *g)
+    assert bad.returncode == 2 and "--agent-mode" in bad.stderr and snapshot_tree(root) == untuned
 
 
 def test_the_command_lines_are_ones_the_cli_accepts(units, tmp_path):
@@ -136,3 +205,42 @@ def test_the_command_lines_are_ones_the_cli_accepts(units, tmp_path):
     assert r.returncode == 0 and "Usage: gpu-tune serve" in r.stdout, r.stderr
     bad = run_cli(*[w if w != "audit" else "audits" for w in line[1:]])
     assert bad.returncode == 2 and "--mode" in bad.stderr
+
+
+@pytest.mark.parametrize("abstract", [False, True])
+def test_serve_tells_systemd_ready_once_it_listens_and_stopping_on_sigterm(tmp_path, abstract):
+    """sd_notify's protocol as systemd speaks it (a datagram socket named by NOTIFY_SOCKET, a path
+    or an abstract name): READY=1 comes when the port already accepts connections, STOPPING=1 on
+    SIGTERM. Without NOTIFY_SOCKET the agent runs as before (every other serve test)."""
+    import signal
+    import socket
+
+    from tests.fixtures import hostgen
+
+    root = hostgen.build("small-2cpu", tmp_path / "host")
+    sock = socket.socket(socket.AF_UNIX, socket.SOCK_DGRAM)
+    name = f"gpu-tune-test-notify-{os.getpid()}" if abstract else str(tmp_path / "notify")
+    sock.bind("\0" + name if abstract else name)
+    sock.settimeout(120)
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        port = s.getsockname()[1]
+    env = {k: v for k, v in os.environ.items() if not k.startswith("GPU_TUNE_")}
+    env.update(PYTHONPATH=str(REPO_DIR), NOTIFY_SOCKET=("@" + name) if abstract else name)
+    proc = subprocess.Popen([sys.executable, "-m", "gpu_tune", "--root", str(root), "--gpu-backend", "none", "serve",
+                             "--no-kube", "--port", str(port), "--probe-device", "cpu", "--interval", "60"],
+                            env=env, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True)
+    try:
+        ready = sock.recv(4096).decode()
+        with socket.create_connection(("127.0.0.1", port), timeout=5):
+            pass  # connected: listening when it said READY=1
+        proc.send_signal(signal.SIGTERM)
+        stopping = sock.recv(4096).decode()
+        rc = proc.wait(60)
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+            proc.wait()
+        sock.close()
+    assert ready.splitlines()[0] == "READY=1" and f"STATUS=serving on 127.0.0.1:{port}" in ready, ready
+    assert stopping == "STOPPING=1" and rc == 0, (stopping, rc, proc.stderr.read()[-2000:])

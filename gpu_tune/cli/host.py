@@ -1,12 +1,14 @@
 """The host commands: ``profiles``, ``audit``, ``apply``, ``revert``, ``topology``, ``run``."""
 
 
+import sys
 from typing import Annotated, Optional
 
 import typer
 
 from gpu_tune.cli.app import (
     Globals,
+    Mode,
     ProfileOpt,
     check_journal,
     command,
@@ -15,6 +17,7 @@ from gpu_tune.cli.app import (
     open_host,
     print_json,
     profile_of,
+    to_journal,
 )
 from gpu_tune.errors import InputError
 
@@ -49,8 +52,11 @@ def _emit_report(g: Globals, report, title: str, *, show_changed: bool = False) 
     if g.output == "json":
         print_json(report.as_dict())
         return
-    from gpu_tune.views.settings import settings_table, summary_line
+    from gpu_tune.views.settings import settings_lines, settings_table, summary_line
 
+    if to_journal():  # a unit's output: one line a setting, not a table (docs/systemd.md)
+        print("\n".join(settings_lines(title, report.settings, show_changed=show_changed)), flush=True)
+        return
     c = console()
     c.print(settings_table(title, report.settings, show_changed=show_changed))
     verdict = "[green]compliant[/]" if report.compliant else "[yellow]not compliant[/]"
@@ -73,9 +79,17 @@ def apply_cmd(
     g: Globals,
     profile: ProfileOpt = "training",
     dry_run: Annotated[bool, typer.Option("--dry-run", help="Show what would change; change nothing")] = False,
+    agent_mode: Annotated[Optional[Mode], typer.Option(
+        "--agent-mode", case_sensitive=False, help="The agent's mode, as gpu-tune-apply.service passes "
+        "GPU_TUNE_MODE: audit and enforce apply; revert applies nothing and restores the recorded originals "
+        "instead (the node boots untuned, as the agent in revert mode leaves it)")] = None,
 ) -> int:
     from gpu_tune.tune.engine import apply, make_context
 
+    if agent_mode is Mode.revert and not dry_run:
+        print("gpu-tune: agent mode revert: nothing applied; restoring the originals earlier applies recorded",
+              file=sys.stderr, flush=True)
+        return _revert(g)
     prof = profile_of(g, profile)
     fs = open_host(g)
     if not dry_run:
@@ -90,6 +104,10 @@ def apply_cmd(
 
 @command("revert", help="Restore every original recorded by earlier applies. Exit 0 restored, 1 not.")
 def revert_cmd(g: Globals) -> int:
+    return _revert(g)
+
+
+def _revert(g: Globals) -> int:
     from gpu_tune.tune.engine import Context, revert
 
     fs = open_host(g)
@@ -102,6 +120,10 @@ def revert_cmd(g: Globals) -> int:
     ok, rows = revert(Context(fs=fs, profile=None, gpu=gpu))
     if g.output == "json":
         print_json({"restored": ok, "settings": [r.as_dict() for r in rows]})
+    elif to_journal() and rows:
+        from gpu_tune.views.settings import settings_lines
+
+        print("\n".join(settings_lines(f"revert on {fs.root}", rows, show_changed=True)), flush=True)
     else:
         c = console()
         if not rows:

@@ -35,9 +35,9 @@ from typing import Any, Callable
 
 from gpu_tune.cluster.node_state import ModeChoice, choose_mode
 from gpu_tune.judge.readiness import Verdict, verdict
+from gpu_tune.serve.reapply import ReapplyLimit
 from gpu_tune.serve.snapshot import AgentState, CollectorStatus, Snapshot
 from gpu_tune.serve.stages import Stages, field_of, error_reason, as_doc
-from gpu_tune.tune.knobs import fixable
 
 log = logging.getLogger("gpu_tune")
 
@@ -112,7 +112,7 @@ class Agent:
         self._probe_key: Any = None
         self._probe_next_due: float | None = None
         self._probe_running = False
-        self._last_enforced: dict[tuple[str, str], float] = {}
+        self._reapply = ReapplyLimit(self.enforce_min_interval)
         self._topology_obj: Any = None
         self._topology_doc: dict[str, Any] | None = None
         self._gpus: list[dict[str, Any]] = []
@@ -209,40 +209,9 @@ class Agent:
         return run
 
     def _enforce(self) -> dict[str, Any]:
-        """Audit; re-apply when some drifted setting was not re-applied within the rate limit."""
-        before = as_doc(self.stages.audit())
-        now = self.monotonic()
-        drifted = [(str(s["id"]), str(s["target"])) for s in before.get("settings", []) if s.get("status") == "drift"
-                   and fixable(str(s["id"]))]  # read-only checks (limits.memlock, gpu.mig_mode) are never re-applied
-        if not drifted:
-            return before
-        due = [k for k in drifted if now - self._last_enforced.get(k, float("-inf")) >= self.enforce_min_interval]
-        held = set(drifted) - set(due)
-
-        def hold_detail(doc: dict[str, Any]) -> dict[str, Any]:
-            """Rows held back by the rate limit say so (and when the next re-apply may happen)."""
-            rows = []
-            for s in doc.get("settings", []):
-                k = (str(s.get("id")), str(s.get("target")))
-                if s.get("status") == "drift" and k in held:
-                    ago = now - self._last_enforced[k]
-                    s = {**s, "detail": f"held back by the enforce rate limit: re-applied {ago:.0f}s ago, "
-                                        f"next re-apply allowed in {self.enforce_min_interval - ago:.0f}s"}
-                rows.append(s)
-            return {**doc, "settings": rows}
-
-        if not due:
-            return hold_detail(before)
-        for k in due:
-            self._last_enforced[k] = now
-        try:
-            return hold_detail(as_doc(self.stages.enforce(only=set(due))))
-        except Exception as exc:
-            reason = error_reason(exc)
-            rows = [{**s, "status": "error", "changed": False, "detail": f"not re-applied: {reason}"}
-                    if s.get("status") == "drift" and (str(s.get("id")), str(s.get("target"))) not in held else s
-                    for s in before.get("settings", [])]
-            return hold_detail({**before, "compliant": False, "settings": rows})
+        """Audit; re-apply drift within the rate limit (:class:`~gpu_tune.serve.reapply.ReapplyLimit`)."""
+        return self._reapply.run(as_doc(self.stages.audit()), self.monotonic(),
+                                 lambda only: as_doc(self.stages.enforce(only=only)), error_reason)
 
     def _identity_key(self, gpus: list[dict[str, Any]], identity: dict[str, Any]) -> tuple:
         uuids = tuple(sorted(str(g.get("uuid")) for g in gpus if not g.get("error")))

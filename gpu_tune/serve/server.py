@@ -14,6 +14,7 @@ from gpu_tune.errors import InputError
 from gpu_tune.judge.gain.measure import FAMILIES
 from gpu_tune.serve.agent import Agent
 from gpu_tune.serve.options import ServeOptions
+from gpu_tune.serve.sdnotify import notify
 from gpu_tune.serve.stages import Stages, error_reason, default_stages
 
 log = logging.getLogger("gpu_tune")
@@ -68,6 +69,7 @@ def serve(options: ServeOptions, *, stages: Stages | None = None,
     from gpu_tune.judge.probe.run import stop_all
 
     def on_signal(signum, frame):  # uvicorn re-raises the signal it caught after shutting down
+        notify("STOPPING=1")
         stop_all()  # a running probe's process group dies now: the exit fits the grace period
         server.should_exit = True
         agent._stop.set()
@@ -81,6 +83,7 @@ def serve(options: ServeOptions, *, stages: Stages | None = None,
     print(f"gpu-tune {__version__}: node {stages.node}, profile {getattr(stages.profile, 'name', stages.profile)}, "
           f"mode {options.mode}; serving on {host}:{port} "
           f"(curl http://{shown}:{port}/readiness, /metrics); Ctrl-C or SIGTERM to stop", file=sys.stderr, flush=True)
+    notify(f"READY=1\nSTATUS=serving on {host}:{port}")  # Type=notify: started = listening (docs/systemd.md)
     if ready_callback is not None:
         ready_callback(port)
     try:

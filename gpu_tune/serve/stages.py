@@ -160,6 +160,9 @@ def default_stages(options: ServeOptions) -> Stages:
 
         if stopping():  # killed by SIGTERM: not a verdict on the node, never saved
             raise RuntimeError("the agent is stopping: probe run cut short")
+        for d in (as_doc(v) for v in verdicts):  # in the journal too: one line each (docs/systemd.md)
+            if d.get("status") == "error":
+                log.warning("probe %s: %s", d.get("gpu"), "; ".join(map(str, d.get("reasons") or [])) or "error")
         err = save_probe_results(fs, profile.name, [as_doc(v) for v in verdicts])
         if err:
             log.warning("probe results not saved for `gpu-tune label`: %s", err)

@@ -120,3 +120,30 @@ def summary_line(rows: Iterable[Setting]) -> str:
         counts[r.status] = counts.get(r.status, 0) + 1
     order = ["ok", "drift", "conflict", "error", "unsupported"]
     return ", ".join(f"{counts[s]} {s}" for s in order if s in counts) or "nothing to check"
+
+
+def settings_lines(title: str, rows: Iterable[Setting], *, show_changed: bool = False,
+                   limit: int = MAX_TABLE_GROUPS) -> list[str]:
+    """The rows as plain lines, one per group, for the journal (``gpu-tune-apply.service``): a
+    table at 80 columns spread 17 rows over 158 journal lines. Each line names its status, setting,
+    targets, values and detail; the summary comes last (what ``systemctl status`` shows)."""
+    rows = list(rows)
+    groups, left_out = _shown(group_rows(rows), limit)
+    out = [printable(title, one_line=True)]
+    for row, targets in groups:
+        cur = "-" if row.current is None else printable(row.current, one_line=True)
+        satisfied = row.status == "ok" and (row.desired or "")[:1] in ("≥", "≤")  # a bound it meets: no arrow
+        values = cur if row.current == row.desired or not row.desired or satisfied else \
+            f"{cur} -> {printable(row.desired, one_line=True)}"
+        changed = ", changed" if show_changed and row.changed else ""
+        detail = f": {printable(row.detail, one_line=True)}" if row.detail else ""
+        out.append(f"{row.status}{changed} {printable(row.id, one_line=True)} "
+                   f"[{printable(compress_targets(targets), one_line=True)}] {values}{detail}")
+    if left_out:
+        out.append(left_out)
+    n_changed = sum(1 for r in rows if r.changed)
+    changed = f"{n_changed} changed; " if show_changed else ""
+    compliant = all(r.status in ("ok", "unsupported") for r in rows)
+    out.append(f"{printable(title, one_line=True)}: {changed}{summary_line(rows)} -> "
+               f"{'compliant' if compliant else 'not compliant'}")
+    return out

@@ -37,9 +37,16 @@ from typing import Any
 
 T_START = time.monotonic()
 
-from gpu_tune.workload import PROBE_VERSION  # noqa: E402
+from gpu_tune.workload import NOT_INSTALLED, PROBE_VERSION  # noqa: E402
 from gpu_tune.workload import compile_cache  # noqa: E402
-from gpu_tune.workload import data as mnist_data  # noqa: E402  (NumPy only)
+
+try:
+    from gpu_tune.workload import data as mnist_data  # noqa: E402  (NumPy only)
+    NO_NUMPY = None
+except ModuleNotFoundError as _exc:  # gpu-tune without the probe's extras: NumPy comes with TensorFlow
+    if (_exc.name or "").split(".")[0] != "numpy":
+        raise
+    mnist_data, NO_NUMPY = None, f"{NOT_INSTALLED} (no module named 'numpy')"
 from gpu_tune.workload import datapath  # noqa: E402
 from gpu_tune.workload.hostinfo import NvmlSampler, process_facts  # noqa: E402
 
@@ -216,6 +223,9 @@ def run(a: argparse.Namespace) -> dict[str, Any]:
         res["bandwidth"] = datapath.not_measured()
         res["memory_bandwidth"] = datapath.not_measured()
     cache = compile_cache.prepare(a.compile_cache, device=a.device, xla=a.xla)
+    if mnist_data is None:  # the same verdict as TensorFlow missing, before anything needs NumPy
+        res.update(error=NO_NUMPY, error_kind="dependency")
+        return finish()
     t = time.perf_counter()
     try:
         ds = mnist_data.load(a.data, seed=a.seed)

@@ -34,10 +34,8 @@ os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
 
 import numpy as np  # noqa: E402
 
+from gpu_tune.workload import NOT_INSTALLED  # noqa: E402
 from gpu_tune.workload.hostinfo import cpu_has_bf16, cpu_name  # noqa: E402
-
-NOT_INSTALLED = ("TensorFlow is not installed in this environment: install `gpu-tune[gpu]` (GPU) "
-                 "or `gpu-tune[probe]` (CPU)")
 
 
 class TensorFlowMissing(ImportError):
