@@ -7,10 +7,11 @@ bytes.
 
 from __future__ import annotations
 
+from typing import Any
+
 from fastapi import FastAPI, Request
 from fastapi.exceptions import RequestValidationError
 from fastapi.responses import JSONResponse, Response
-from pydantic import BaseModel
 from starlette.exceptions import HTTPException as StarletteHTTPException
 
 from gpu_tune import __version__
@@ -21,54 +22,10 @@ PROM_CONTENT_TYPE = "text/plain; version=0.0.4; charset=utf-8"
 JSON_CONTENT_TYPE = "application/json"
 
 
-# -- OpenAPI documentation models (responses are pre-rendered bytes of these shapes) ----------
-class CheckModel(BaseModel):
-    name: str
-    ok: bool
-    severity: str  # fatal (gates the node) | warning (reported, never gating)
-    detail: str
-
-
-class ReadinessModel(BaseModel):
-    ready: bool
-    node: str
-    profile: str
-    reason: str  # the condition's reason: the most urgent failing check's (docs/health.md)
-    message: str
-    checks: list[CheckModel]
-    since: str
-
-
-class SettingModel(BaseModel):
-    id: str
-    target: str
-    current: str | None
-    desired: str
-    status: str
-    detail: str
-    changed: bool | None = None
-
-
-class AuditModel(BaseModel):
-    profile: str
-    compliant: bool
-    settings: list[SettingModel]
-
-
-class AgentReadyModel(BaseModel):
-    ready: bool
-    node: str
-    mode: str
-    detail: str
-
-
-class HealthModel(BaseModel):
-    alive: bool
-    detail: str
-
-
-class ErrorModel(BaseModel):
-    detail: str
+def _doc(model: str) -> dict[str, Any]:
+    """A response documented by one of :mod:`gpu_tune.serve.openapi_docs`' models, named by
+    reference: the models are made only when /openapi.json is first asked for (:func:`create_app`)."""
+    return {"content": {JSON_CONTENT_TYPE: {"schema": {"$ref": f"#/components/schemas/{model}"}}}}
 
 
 def create_app(state: AgentState) -> FastAPI:
@@ -101,7 +58,7 @@ def create_app(state: AgentState) -> FastAPI:
                         status_code=503, media_type=JSON_CONTENT_TYPE)
 
     @app.get("/readiness", response_model=None, summary="Readiness verdict (200 ready, 503 not)",
-             responses={200: {"model": ReadinessModel}, 503: {"model": ReadinessModel}})
+             responses={200: _doc("ReadinessModel"), 503: _doc("ReadinessModel")})
     async def readiness() -> Response:
         snap = state.snapshot
         if snap is None:
@@ -111,7 +68,7 @@ def create_app(state: AgentState) -> FastAPI:
     @app.get("/agent-ready", response_model=None,
              summary="The agent pod's readiness, for its readinessProbe (200 ready, 503 not): it completed a "
                      "pass and published it, and did not turn a node that was ready into a not-ready one",
-             responses={200: {"model": AgentReadyModel}, 503: {"model": AgentReadyModel}})
+             responses={200: _doc("AgentReadyModel"), 503: _doc("AgentReadyModel")})
     async def agent_ready() -> Response:
         snap = state.snapshot
         if snap is None:
@@ -122,7 +79,7 @@ def create_app(state: AgentState) -> FastAPI:
                         media_type=JSON_CONTENT_TYPE)
 
     @app.get("/healthz", response_model=None, summary="Liveness of the agent's loop (200 alive, 500 not)",
-             responses={200: {"model": HealthModel}, 500: {"model": HealthModel}})
+             responses={200: _doc("HealthModel"), 500: _doc("HealthModel")})
     async def healthz() -> Response:
         alive, detail = state.alive()
         return Response(_dumps({"alive": alive, "detail": detail}), status_code=200 if alive else 500,
@@ -137,17 +94,17 @@ def create_app(state: AgentState) -> FastAPI:
         return Response(body, media_type=JSON_CONTENT_TYPE)
 
     @app.get("/audit", response_model=None, summary="The latest audit document",
-             responses={200: {"model": AuditModel}, 503: {"model": ErrorModel}})
+             responses={200: _doc("AuditModel"), 503: _doc("ErrorModel")})
     async def audit() -> Response:
         return _document("audit_body", "audit")
 
     @app.get("/topology", response_model=None, summary="The latest topology document",
-             responses={200: {"description": "topology document"}, 503: {"model": ErrorModel}})
+             responses={200: {"description": "topology document"}, 503: _doc("ErrorModel")})
     async def topology() -> Response:
         return _document("topology_body", "topology")
 
     @app.get("/probe", response_model=None, summary="The latest probe results, one entry per GPU or the CPU run",
-             responses={200: {"description": "list of probe verdicts"}, 503: {"model": ErrorModel}})
+             responses={200: {"description": "list of probe verdicts"}, 503: _doc("ErrorModel")})
     async def probe() -> Response:
         snap = state.snapshot
         if snap is None:
@@ -155,7 +112,7 @@ def create_app(state: AgentState) -> FastAPI:
         return Response(snap.probe_body, media_type=JSON_CONTENT_TYPE)
 
     @app.get("/gain", response_model=None, summary="The tuning gain measured at the agent's start (untuned vs tuned)",
-             responses={200: {"description": "gpu-tune gain document"}, 503: {"model": ErrorModel}})
+             responses={200: {"description": "gpu-tune gain document"}, 503: _doc("ErrorModel")})
     async def gain() -> Response:
         snap = state.snapshot
         if snap is None or not snap.gain_body:
@@ -170,6 +127,17 @@ def create_app(state: AgentState) -> FastAPI:
         snap = state.snapshot
         body = snap.metrics_body if snap is not None else state.empty_metrics
         return Response(body, media_type=PROM_CONTENT_TYPE)
+
+    def openapi() -> dict[str, Any]:
+        """The schema with the documentation models, made once (``app.openapi`` replaced: FastAPI's
+        documented way to extend it)."""
+        if app.openapi_schema is None:
+            from gpu_tune.serve.openapi_docs import schema
+
+            app.openapi_schema = schema(app)
+        return app.openapi_schema
+
+    app.openapi = openapi  # type: ignore[method-assign]
 
     # HEAD on every GET endpoint (uptime checkers, load balancers), kept out of the schema.
     from fastapi.routing import APIRoute
