@@ -22,7 +22,6 @@ verdict. What each XID weighs is :class:`~gpu_tune.judge.checks.xid_policy.XidPo
 
 from __future__ import annotations
 
-import difflib
 import hashlib
 import json
 import re
@@ -151,6 +150,8 @@ def _build(profile: Any, readiness: Any) -> Policy:
         source, inc = _where(profile, f"checks.{key}")
         if not (key in DECLARED or key in FAMILIES or PROBE_ONE.fullmatch(key)):
             known = sorted(set(DECLARED) | FAMILIES)
+            import difflib  # only for a misspelt name: the agent does not keep it resident
+
             close = difflib.get_close_matches(key, known, n=1, cutoff=0.0)
             hint = f" (the closest: {close[0]})" if close else ""
             raise InputError(f"{source}: readiness.checks.{key}{inc}: no such check{hint}; `gpu-tune check -o json` "
