@@ -183,4 +183,4 @@ if __name__ == "__main__":
     from gpu_tune.cli import main
 
     sys.argv[0] = "gpu-tune"
-    main(sys.argv[1:])
+    main()  # this process's own arguments, as the console script: serve may re-execute it
