@@ -13,6 +13,7 @@ from typing import Any, Literal
 from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
 
 from gpu_tune.host.parse import ParseError, parse_cpulist
+from gpu_tune.tune.taint import TaintSpec, parse_profile_taint
 from gpu_tune.tune.paths import ALLOCATOR_WRITES, ENV_DIR, LD_SO_PRELOAD, clean_path, path_matches
 
 NAME_RE = re.compile(r"[a-z0-9][a-z0-9_-]{0,62}")
@@ -330,10 +331,17 @@ class ReadinessPolicy(_Strict):
     expect: ExpectPolicy = Field(default_factory=ExpectPolicy)
     require_compliant: bool = True
     require_probe: bool = True
-    taint: bool = True  # put the startup taint back when readiness is lost
+    # put the startup taint back when readiness is lost (true/false), or the taint to own:
+    # {key, value?, effect} (gpu_tune/tune/taint.py)
+    taint: bool | TaintSpec = True
     max_temperature_c: float = Field(87.0, gt=0, le=120)
     # A node without nvidia.com/gpu capacity (no device plugin) fails gpu.allocatable only if true.
     require_device_plugin: bool = False
+
+    @field_validator("taint", mode="before")
+    @classmethod
+    def _taint(cls, v: Any) -> Any:
+        return parse_profile_taint(v)
 
 
 class LaunchPolicy(_Strict):
