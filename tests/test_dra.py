@@ -123,16 +123,16 @@ def test_seven_of_eight_gpus_in_the_drivers_slices_is_not_ready_both_figures_nam
                                "gpu.nvidia.com (pool gpu-1 generation 1); 8 GPU(s) on the host)"), c.detail
     assert v.message().startswith("gpu.allocatable: 7 of 8 GPUs offered by the DRA driver"), v.message()
     assert not judged(facts, required=False)[0].ready  # a shortfall fails whether required or not
-    (q,) = slice_lists(api)  # listed by the server's field selector, paged
-    assert q["fieldSelector"] == "spec.nodeName=gpu-1,spec.driver=gpu.nvidia.com" and q["limit"] == "64"
+    (q,) = slice_lists(api)  # filtered by the server's field selector, paged, from its watch cache
+    assert q == {"fieldSelector": "spec.nodeName=gpu-1,spec.driver=gpu.nvidia.com", "limit": "64",
+                 "resourceVersion": "0"}
     pub.close()
 
 
 def test_eight_of_eight_is_ready_and_a_steady_pass_reads_twice_writes_nothing(api, tmp_path):
     """The pool republished (generation 2 replaces the 7 GPUs of generation 1), beside another
     node's slices and another driver's on this node: 8 of 8, ready with require_device_plugin
-    true. A steady pass: one GET of the Node, one LIST of its slices, no write; the second list
-    asks for data no older than the first's (the API server's watch cache)."""
+    true. A steady pass: one GET of the Node, one LIST of its slices, no write."""
     api.add_node("gpu-1")
     api.add_node("gpu-2")
     api.create(SLICES_PATH, slice_doc("gpu-1", [gpu_device(i) for i in range(7)], generation=1))
@@ -153,9 +153,7 @@ def test_eight_of_eight_is_ready_and_a_steady_pass_reads_twice_writes_nothing(ap
     facts = pub.read()
     r = pub.publish(_want(True))
     assert (facts.reads, r.reads, r.writes, api.total_writes()) == (2, 0, 0, 0)
-    assert r.dra.gpus == 8 and api.reads["gpu-1"] == 1
-    (q,) = slice_lists(api)
-    assert q["resourceVersionMatch"] == "NotOlderThan" and int(q["resourceVersion"]) > 0
+    assert r.dra.gpus == 8 and api.reads["gpu-1"] == 1 and len(slice_lists(api)) == 1
     pub.close()
 
 
@@ -210,17 +208,32 @@ def test_a_server_without_the_dra_api_is_as_today(api, tmp_path):
         "no NVIDIA device plugin runs on it (8 GPU(s) on the host); not required (readiness.require_device_plugin is false)")
 
 
-def test_a_version_the_server_refuses_falls_back_to_a_plain_list(api, tmp_path):
+def test_the_list_is_one_request_from_the_watch_cache_and_bounded(api, tmp_path):
+    """resourceVersion=0: the API server answers from its watch cache, whole, whatever the limit
+    (kube-apiserver 1.36: one request for three slices at limit 1); what is kept is bounded
+    (``page_size`` x ``max_pages``) and the count says what was left out."""
+    import json as _json
+
+    from gpu_tune.cluster.api import CoreV1, reader_configuration
+    from gpu_tune.cluster.dra import list_node_slices
+
     api.add_node("gpu-1")
-    api.create(SLICES_PATH, slice_doc("gpu-1", [gpu_device(i) for i in range(8)]))
-    pub = publish_facts(api, tmp_path, "gpu-1")
-    assert pub.read().dra.gpus == 8
-    api.fail(r"resourceVersionMatch=NotOlderThan", 410, times=1)
-    facts = pub.read()
-    assert facts.dra.gpus == 8 and facts.reads == 3  # the Node, the refused list, the plain one
-    assert ["resourceVersion" in q for q in slice_lists(api)] == [False, True, False]
-    assert pub.read().reads == 2
-    pub.close()
+    for i in range(3):
+        api.create(SLICES_PATH, slice_doc("gpu-1", [gpu_device(i)], count=3))
+    cfg, _ = reader_configuration(str(write_kubeconfig(tmp_path / "kc", api.url)))
+    client = CoreV1(cfg)
+    try:
+        def fetch(query):
+            return _json.loads(client.request("GET", SLICES_PATH, query=query))
+
+        items, truncated = list_node_slices(fetch, "gpu-1", page_size=1, max_pages=4)
+        assert len(items) == 3 and not truncated and len(slice_lists(api)) == 1
+        items, truncated = list_node_slices(fetch, "gpu-1", page_size=1, max_pages=2)
+        assert len(items) == 2 and truncated
+        c = count_gpus(items, "gpu-1", truncated=truncated)
+        assert c.gpus == 2 and c.notes()[-1] == "more than 256 slices: the rest not read"
+    finally:
+        client.close()
 
 
 # -- the agent's own pass, with the ServiceAccount and RBAC it ships with ------------------------------

@@ -335,3 +335,25 @@ def test_label_puts_the_charts_custom_taint_on_through_the_policy(api, agent_on,
 
 
 from tests.test_cluster_access import agent, shipped  # noqa: E402,F401 - the agent's identity, as shipped
+
+
+def test_the_agents_taint_option_reaches_its_pass(api, tmp_path, make_host):
+    """`gpu-tune serve --taint` (GPU_TUNE_TAINT): the real stages publish under that key. An audit
+    agent never puts a taint on and takes its own off: here the custom one and the former default,
+    the foreign one left."""
+    from gpu_tune.serve.agent import Agent
+    from gpu_tune.serve.options import ServeOptions
+    from gpu_tune.serve.stages import default_stages
+
+    api.add_node("gpu-1", taints=[DEFAULT, FOREIGN, CA_TAINT])
+    opts = ServeOptions(root=str(make_host("small-2cpu")), gpu_backend="none", node="gpu-1", mode="audit",
+                        kubeconfig=str(write_kubeconfig(tmp_path / "kc", api.url)), taint=CA.as_option())
+    opts.validate()
+    st = default_stages(opts)
+    try:
+        snap = Agent(st, probe_enabled=False).run_pass()
+        assert not snap.verdict.ready  # an untuned host: not ready, and still no taint from an audit agent
+    finally:
+        st.close()
+    assert taints_of(api) == [FOREIGN]
+    assert api.node("gpu-1")["metadata"]["annotations"][ANNOTATION_OWNED_TAINT] == CA.ident

@@ -247,7 +247,6 @@ class KubePublisher:
         self._pending_event: dict[str, Any] | None = None
         self._prefetched: dict[str, Any] | None = None  # read() just before a publish(): reused once
         self._prefetched_dra: tuple[bool, DraCount | None, str | None] = (False, None, None)
-        self._slices_rv: str | None = None  # the last ResourceSlice list's resourceVersion
         self._former_refused = False  # the admission policy refused removing a former taint key
         self._read_failed: str | None = None  # ... or why that read failed (retries spent already)
 
@@ -327,12 +326,11 @@ class KubePublisher:
         none; a refused or failed list: the reason, for ``gpu.allocatable`` to report."""
 
         def fetch(query: list[tuple[str, Any]]) -> dict[str, Any]:
-            raw = frozenset({404, 410, 504} if any(k in ("continue", "resourceVersion") for k, _ in query) else {404})
             return self._call(ctx, "list", "resourceslices", lambda: self._api.request(
-                "GET", SLICES_PATH, query=query, timeout=self._timeout), write=False, raw=raw)
+                "GET", SLICES_PATH, query=query, timeout=self._timeout), write=False, raw=frozenset({404}))
 
         try:
-            slices, self._slices_rv, truncated = list_node_slices(fetch, self.node, since=self._slices_rv)
+            slices, truncated = list_node_slices(fetch, self.node)
         except _Failed as f:
             return True, None, f.detail
         except ApiError as exc:
