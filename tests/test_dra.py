@@ -15,12 +15,13 @@ from typing import Any
 
 import pytest
 
-from gpu_tune.cluster.dra import DRIVER, SLICES_PATH, count_gpus, device_type
 from gpu_tune.judge.readiness import verdict
 from gpu_tune.tune.profile import Profile
 from tests.realkube.testapi import write_kubeconfig
 from tests.test_kube import FAST, _want
 
+DRIVER = "gpu.nvidia.com"  # NVIDIA's DRA driver for GPUs
+SLICES_PATH = "/apis/resource.k8s.io/v1/resourceslices"
 GPUS8 = [{"index": i, "mig_mode": False} for i in range(8)]
 AUDIT_OK = {"profile": "t", "settings": []}
 
@@ -65,6 +66,8 @@ def as_listed(doc: dict) -> dict:
 
 # -- the count, pure ----------------------------------------------------------------------------------
 def test_only_whole_gpus_of_the_newest_generation_of_this_nodes_pools_count():
+    from gpu_tune.cluster.dra import count_gpus
+
     eight = [gpu_device(i) for i in range(8)]
     slices = [as_listed(slice_doc("gpu-1", [gpu_device(i) for i in range(7)], generation=1)),  # being replaced
               as_listed(slice_doc("gpu-1", eight[:4] + [mig_device(7, "1g.10gb", 19, 0)], generation=2, count=2)),
@@ -81,6 +84,8 @@ def test_only_whole_gpus_of_the_newest_generation_of_this_nodes_pools_count():
 
 
 def test_a_gpu_the_driver_tainted_is_named():
+    from gpu_tune.cluster.dra import count_gpus
+
     xid = {"key": "gpu.nvidia.com/xid", "value": "79", "effect": "NoSchedule"}
     quiet = {"key": "gpu.nvidia.com/unmonitored", "effect": "None"}
     c = count_gpus([as_listed(slice_doc("gpu-1", [gpu_device(0, taints=[xid]), gpu_device(1, taints=[quiet])]))],
@@ -89,6 +94,8 @@ def test_a_gpu_the_driver_tainted_is_named():
 
 
 def test_the_type_attribute_may_be_qualified_with_the_drivers_domain():
+    from gpu_tune.cluster.dra import device_type
+
     assert device_type({"attributes": {"gpu.nvidia.com/type": {"string": "gpu"}}}) == "gpu"
     assert device_type({"attributes": {"type": {"string": "vfio"}}}) == "vfio"
     assert device_type({"attributes": {"type": {"int": 1}}}) is None and device_type({}) is None
@@ -116,13 +123,13 @@ def test_seven_of_eight_gpus_in_the_drivers_slices_is_not_ready_both_figures_nam
     api.create(SLICES_PATH, slice_doc("gpu-1", [gpu_device(i) for i in range(7)]))
     pub = publish_facts(api, tmp_path, "gpu-1")
     facts = pub.read()
-    assert facts.ok and facts.gpu_capacity is None and facts.dra.gpus == 7, facts.as_dict()
     v, c = judged(facts)
     assert not v.ready and v.reason() == "DevicePluginMissingGpus"
     assert c.detail.startswith("7 of 8 GPUs offered by the DRA driver gpu.nvidia.com (1 ResourceSlice(s) of "
                                "gpu.nvidia.com (pool gpu-1 generation 1); 8 GPU(s) on the host)"), c.detail
     assert v.message().startswith("gpu.allocatable: 7 of 8 GPUs offered by the DRA driver"), v.message()
     assert not judged(facts, required=False)[0].ready  # a shortfall fails whether required or not
+    assert facts.ok and facts.gpu_capacity is None and facts.dra.gpus == 7, facts.as_dict()
     (q,) = slice_lists(api)  # filtered by the server's field selector, paged, from its watch cache
     assert q == {"fieldSelector": "spec.nodeName=gpu-1,spec.driver=gpu.nvidia.com", "limit": "64",
                  "resourceVersion": "0"}
@@ -161,12 +168,12 @@ def test_no_slices_and_no_device_plugin_is_as_today(api, tmp_path):
     api.add_node("gpu-1")
     api.create(SLICES_PATH, slice_doc("gpu-2", [gpu_device(i) for i in range(8)]))  # not this node's
     facts = publish_facts(api, tmp_path, "gpu-1").read()
-    assert facts.dra is not None and facts.dra.slices == 0 and facts.dra_error is None
     v, c = judged(facts, required=False)
     assert v.ready and c.ok and "no NVIDIA device plugin runs on it" in c.detail and "not required" in c.detail
-    assert "nor NVIDIA's DRA driver (no ResourceSlice of gpu.nvidia.com names the node)" in c.detail
     v, c = judged(facts)
     assert not v.ready and "readiness.require_device_plugin is true" in c.detail
+    assert "nor NVIDIA's DRA driver (no ResourceSlice of gpu.nvidia.com names the node)" in c.detail
+    assert facts.dra is not None and facts.dra.slices == 0 and facts.dra_error is None
 
 
 def test_a_node_with_the_device_plugins_capacity_lists_no_slice(api, tmp_path):
@@ -215,7 +222,7 @@ def test_the_list_is_one_request_from_the_watch_cache_and_bounded(api, tmp_path)
     import json as _json
 
     from gpu_tune.cluster.api import CoreV1, reader_configuration
-    from gpu_tune.cluster.dra import list_node_slices
+    from gpu_tune.cluster.dra import count_gpus, list_node_slices
 
     api.add_node("gpu-1")
     for i in range(3):

@@ -16,7 +16,7 @@ import time
 import pytest
 import yaml
 
-from gpu_tune.cluster.labels import ANNOTATION_OWNED_TAINT, CONDITION_TYPE, desired_node_state
+from gpu_tune.cluster.labels import CONDITION_TYPE, desired_node_state
 from gpu_tune.cluster.node_diff import plan_node
 from gpu_tune.errors import InputError
 from gpu_tune.tune.taint import DEFAULT_TAINT, TaintSpec, parse_option, resolve
@@ -24,6 +24,7 @@ from tests.realkube.controlplane import ApiError
 from tests.realkube.testapi import write_kubeconfig
 from tests.test_kube import FAST, _topology
 
+ANNOTATION_OWNED_TAINT = "gpu-tune.io/owned-taint"  # KEY:EFFECT of the taint owned, other than the default
 CA = TaintSpec("startup-taint.cluster-autoscaler.kubernetes.io/gpu-tune", "NoSchedule", "pending")
 NRC = TaintSpec("readiness.k8s.io/gpu-tune", "NoSchedule")
 DEFAULT = {"key": "gpu-tune.io/not-ready", "effect": "NoSchedule"}
