@@ -89,7 +89,7 @@ def default_stages(options: ServeOptions) -> Stages:
     from gpu_tune.tune import engine
     from gpu_tune.gpu import select_backend
     from gpu_tune.host.fs import HostFS
-    from gpu_tune.cluster.node_state import node_want
+    from gpu_tune.cluster.node_state import node_want, taint_plan
     from gpu_tune.tune.policy import default_policy_dir, load_profile
     from gpu_tune.errors import InputError
     from gpu_tune.judge.probe.saved import load_probe_results, save_probe_results
@@ -99,6 +99,9 @@ def default_stages(options: ServeOptions) -> Stages:
     fs = HostFS(options.root)
     profile = load_profile(options.profile, options.policy_dir)
     policy = policy_of(profile)  # the operator's policy checked whole before anything runs
+    taint = taint_plan(profile, options.taint)
+    if taint.note:
+        log.warning("%s", taint.note)
     backend = select_backend(options.gpu_backend, options.gpu_fixture)
     log.info("GPU backend %s: %s", getattr(backend, "name", "?"), getattr(backend, "reason", ""))
     node = node_name(options.node)
@@ -172,7 +175,8 @@ def default_stages(options: ServeOptions) -> Stages:
                 gain=None):
         want = node_want(v, profile=profile, mode=mode, topology=topology_doc, gpus=gpu_docs,
                          driver_version=driver_version, cuda_driver_version=backend.cuda_driver_version(),
-                         audit=audit, probes=probes, gain=gain, hardware_condition=options.hardware_condition)
+                         audit=audit, probes=probes, gain=gain, hardware_condition=options.hardware_condition,
+                         taint=taint)
         return publisher.publish(want)
 
     def revert():

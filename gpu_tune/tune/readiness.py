@@ -13,7 +13,7 @@ names exist, and whether a rule fits the XID it is for, is the judge's to say
 a key an included profile sets, as for sysctls.
 
 Each key of the section is one field with its own validator: a key added later (a budget of nodes
-out of service, a taint to own) is one more field, refused the same way until it exists.
+out of service) is one more field, refused the same way until it exists.
 """
 
 from __future__ import annotations
@@ -22,6 +22,8 @@ import re
 from typing import Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, field_validator
+
+from gpu_tune.tune.taint import TaintSpec, parse_profile_taint
 
 SEVERITIES = ("fatal", "warning", "off")
 # The actions of NVIDIA's XID catalog, least to most severe (gpu_tune/judge/checks/catalog.py reads
@@ -178,13 +180,20 @@ class ReadinessPolicy(_Strict):
     expect: ExpectPolicy = Field(default_factory=ExpectPolicy)
     require_compliant: bool = True
     require_probe: bool = True
-    taint: bool = True  # put the startup taint back when readiness is lost
+    # put the startup taint back when readiness is lost (true/false), or the taint to own:
+    # {key, value?, effect} (gpu_tune/tune/taint.py)
+    taint: bool | TaintSpec = True
     max_temperature_c: float = Field(87.0, gt=0, le=120)
     # A node without nvidia.com/gpu capacity (no device plugin) fails gpu.allocatable only if true.
     require_device_plugin: bool = False
     # The operator's policy (docs/health.md "Your policy"): a check's severity, an XID's weight.
     checks: dict[str, Literal["fatal", "warning", "off"]] = Field(default_factory=dict)
     xid: dict[int, XidRule] = Field(default_factory=dict)
+
+    @field_validator("taint", mode="before")
+    @classmethod
+    def _taint(cls, v: Any) -> Any:
+        return parse_profile_taint(v)
 
     @field_validator("checks", mode="before")
     @classmethod
