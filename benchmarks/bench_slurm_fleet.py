@@ -26,6 +26,7 @@ from __future__ import annotations
 import argparse
 import os
 import shlex
+import shutil
 import sys
 import tempfile
 import time
@@ -114,6 +115,11 @@ def main() -> int:
     ap.add_argument("--code", type=Path, default=REPO, help="the checkout whose gpu_tune the prolog figures run")
     ap.add_argument("--json", action="store_true", help="print one JSON document")
     a = ap.parse_args()
+    missing = [t for t in ("slurmctld", "slurmd", "scontrol", "sdiag", "munged") if not shutil.which(t)
+               and not Path("/usr/sbin", t).exists()]
+    if os.geteuid() != 0 or missing:
+        print(f"SKIP: a real Slurm needs root and Slurm's packages (`make slurm-tools`); missing: {missing or 'root'}")
+        return 0
     work = Path(tempfile.mkdtemp(prefix="bench-slurm-fleet-"))
     led = Ledger(f"slurm-bench-{time.time_ns()}", ledger_root())
     slurm = SlurmCluster(work / "slurm", led)
@@ -123,6 +129,7 @@ def main() -> int:
         races = race_figures(slurm, work, a.rounds) if a.code.resolve() == REPO else []
     finally:
         left = slurm.stop() + led.clean()
+        shutil.rmtree(work, ignore_errors=True)
     if not a.json:
         print("RPCs to slurmctld (sdiag: REQUEST_NODE_INFO, REQUEST_PARTITION_INFO, REQUEST_UPDATE_NODE)")
         for k, v in prolog.items():

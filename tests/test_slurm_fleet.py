@@ -102,6 +102,7 @@ def test_report_only_drains_nothing_and_a_prolog_past_the_limit_exits_0(slurm, r
     r = check(slurm, roots[node], fixture, policy(tmp_path, "0%"), node=None, env=env)
     assert r.returncode == 0, f"a prolog past the limit exited {r.returncode}: slurmd would drain the node"
     assert "(prolog of job 7): not ready; not drained: report only" in last_line(r), last_line(r)
+    assert last_line(r).endswith("; exit 0: slurmd drains a node whose prolog fails (Prolog error)"), last_line(r)
     assert not ours(slurm) and not json.loads(r.stdout)["ready"]
 
 

@@ -46,8 +46,8 @@ from gpu_tune.judge import fleet_limit
 from gpu_tune.judge.fleet_limit import KEPT, LIMIT, PUT_BACK, TAKE, Outcome
 from gpu_tune.judge.readiness import Verdict
 from gpu_tune.slurm import passes
-from gpu_tune.slurm.decide import (DRAIN, LIMITED, NONE, REDRAIN, RESUME, Decision, clean, decide, drain_reason,
-                                   held_back, ours, unsaved)
+from gpu_tune.slurm.decide import (DRAIN, HOLD, LIMITED, NONE, REDRAIN, RESUME, Decision, clean, decide,
+                                   drain_reason, held_back, ours, unsaved)
 from gpu_tune.slurm.fleet import SlurmFleet
 from gpu_tune.slurm.gres import gres_check
 from gpu_tune.slurm.node import SlurmNode
@@ -252,7 +252,7 @@ def preview(scontrol: Scontrol, p: SlurmPass) -> None:
     o = fleet_limit.report_only(limit) or _counted(lambda: fleet_limit.admit(limit, store.census(), p.node), store)
     p.limit = o
     if o.action == LIMIT:
-        p.decision = held_back(o.says, False)
+        _hold(p, held_back(o.says, False))
 
 
 def act(fs: HostFS, scontrol: Scontrol, p: SlurmPass) -> None:
@@ -279,8 +279,10 @@ def act(fs: HostFS, scontrol: Scontrol, p: SlurmPass) -> None:
     elif p.decision.action == REDRAIN:
         _update(scontrol, p, "DRAIN", "the ready-pass count was not written")
         o = fleet_limit.rewritten(store, p.node, limit)
-    elif drained and rec is not None and rec.node == p.node and (rec.settling is not None or rec.drained is False):
-        # a drain of gpu-tune's still settling, or one its record does not know (a write that got no answer)
+    elif (p.decision.action in (NONE, HOLD) and drained and rec is not None and rec.node == p.node
+          and (rec.settling is not None or rec.drained is False)):
+        # a drain of gpu-tune's still settling, or one its record does not know (a write that got no
+        # answer); never a node also set down (left alone: a resume would bring it back)
         since = settling = rec.settling if rec.settling is not None else time.time()
         o = _settle(store, p, limit, since)
     else:
@@ -319,10 +321,10 @@ def _apply(p: SlurmPass, o: Outcome) -> bool:
     """The pass after the limit's outcome: its decision, its line, and whether gpu-tune's drain is
     on the node now."""
     if o.action == LIMIT:
-        p.decision = held_back(o.says, False)
+        _hold(p, held_back(o.says, False))
         return False
     if o.action == PUT_BACK:
-        p.decision = held_back(o.says, True, ready=p.verdict.ready)
+        _hold(p, held_back(o.says, True, ready=p.verdict.ready))
         p.done = True
         return False
     if p.decision.action in (DRAIN, REDRAIN):
@@ -330,6 +332,13 @@ def _apply(p: SlurmPass, o: Outcome) -> bool:
     if o.problem or o.action not in (TAKE, KEPT):
         p.notes.append(o.says)
     return o.action in (TAKE, KEPT)
+
+
+def _hold(p: SlurmPass, d: Decision) -> None:
+    """The limit keeps the node in service; a prolog or an epilog says why it exits 0."""
+    p.decision = d
+    if p.context in HELD_CONTEXTS and not p.verdict.ready:
+        p.notes.append(f"exit 0: slurmd drains a node whose {p.context} fails ({p.context.capitalize()} error)")
 
 
 def _update(scontrol: Scontrol, p: SlurmPass, state: str, count: str) -> None:
