@@ -17,6 +17,7 @@ kube-apiserver (``bench_fleet.py``, ``bench_fleet_scale.py``, ``bench_agent.py``
 shared with others running the cluster tests, run this under ``flock /tmp/gpu-tune-cluster.lock``.
 ``bench_fleet_scale.py`` runs here at 1,000 nodes and a 20 s interval; its full run (1,000 and 5,000
 nodes at the default 60 s interval, about 15 minutes) is run on its own (docs/fleet.md).
+``bench_slurm_fleet.py`` starts a real Slurm (root, ``make slurm-tools``; it says SKIP without them).
 """
 
 from __future__ import annotations
@@ -50,6 +51,7 @@ SETTINGS: dict[str, list[str]] = {
     "bench_http_limits.py": ["--duration", "5", "--repeat", "3"],
     "bench_gain.py": ["--pairs", "3"],
     "bench_policy.py": ["--runs", "9"],
+    "bench_slurm_fleet.py": ["--jobs", "5", "--rounds", "3"],
 }
 QUICK: dict[str, list[str]] = {
     "bench_audit.py": ["--runs", "7"],
@@ -68,6 +70,7 @@ QUICK: dict[str, list[str]] = {
     "bench_hostile_round4_cache.py": ["--only", "fifo"],
     "bench_slurm_bounds.py": ["--only", "out"],
     "bench_policy.py": ["--runs", "3"],
+    "bench_slurm_fleet.py": ["--jobs", "3", "--rounds", "1"],
 }
 DEFAULT_TIMEOUT = 420.0  # seconds per benchmark
 HEADLINE = re.compile(r"\b(PASS|FAIL|MISSED|TARGET|targets?|goal)\b")

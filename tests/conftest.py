@@ -37,7 +37,8 @@ GPU_FIXTURES = REPO / "tests" / "fixtures" / "gpu"
 XDIST_GROUPS = {
     "test_image.py": "this-host", "test_image_gpu.py": "this-host", "test_cluster_e2e.py": "this-host",
     "test_cluster_two_nodes.py": "this-host", "test_systemd_live.py": "this-host", "test_slurm.py": "slurm",
-    "test_slurm_hostile.py": "slurm",
+    "test_slurm_hostile.py": "slurm", "test_slurm_fleet.py": "slurm",
+    "test_slurm_prolog_rpcs.py": "slurm",
 }
 
 

@@ -143,14 +143,17 @@ def _slurm(g: Globals, fs, v, host, doc: dict, gpus, topo_doc, slurm_node: Optio
         print_json(doc)
     else:
         print(_summary(done.verdict))
+        if done.decision.action in ("limit_reached", "put_back"):  # what slurmd logs of a failed health check
+            print(f"slurm: {done.decision.says}")
         if dry_run:
             d = done.decision
             would = (f"would {'resume' if d.action == 'resume' else 'drain'} {done.node} with Reason={d.reason!r}"
-                     if d.writes else f"would write nothing to Slurm ({d.action})")
+                     if d.writes else f"would not drain {done.node}: {done.limit.says}" if d.action == "limit_reached"
+                     and done.limit else f"would write nothing to Slurm ({d.action})")
             print(f"dry run: {would}")
     line = f"dry run, nothing written: {done.line}" if dry_run else done.line
     print(f"gpu-tune: {line}", file=sys.stderr)
-    return 0 if done.verdict.ready else 1
+    return done.exit_code
 
 
 def _summary(v) -> str:
