@@ -144,6 +144,11 @@ class NodeWant:
     # more conditions of the agent's: the hardware condition (type, status, reason, message) a
     # node auto-repair controller may watch (docs/health.md "Node auto-repair"); none by default
     more_conditions: tuple[dict[str, str], ...] = ()
+    # the evidence bundles of this verdict's hardware findings (docs/health.md "Evidence"), named in
+    # the transition's Event; ``evidence_new``: those written and not yet in an Event (an Event of
+    # their own when the condition does not change)
+    evidence: tuple[str, ...] = ()
+    evidence_new: tuple[str, ...] = ()
 
     def as_dict(self) -> dict[str, Any]:
         return {
