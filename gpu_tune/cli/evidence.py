@@ -84,16 +84,16 @@ def _show(g: Globals, fs, name: str) -> int:
     from gpu_tune.views.text import printable
 
     out = console()
-    man = doc["manifest"] or {}
-    verdict = doc["verdict"] or {}
+    man = doc["manifest"] if isinstance(doc["manifest"], dict) else {}
+    verdict = doc["verdict"] if isinstance(doc["verdict"], dict) else {}
     lines = [f"bundle {doc['path']} ({size_words(doc['bytes'])}{', cut: see the files' if man.get('cut') else ''})",
              f"created {man.get('created', '?')} on node {man.get('node', '?')}, boot {man.get('boot_id', '?')}",
              f"verdict: {'ready' if verdict.get('ready') else 'not ready'}: {verdict.get('reason', '?')}: "
              f"{verdict.get('message', '')}"]
-    lines += [f"finding {f.get('key')}: {f.get('detail', '')}" for f in man.get("findings") or []
-              if isinstance(f, dict)]
-    lines += [f"file {f['file']}: {size_words(f['bytes'])}" + _cut((man.get("files") or {}).get(f["file"]))
-              for f in doc["files"]]
+    finds = man.get("findings") if isinstance(man.get("findings"), list) else []
+    lines += [f"finding {f.get('key')}: {f.get('detail', '')}" for f in finds if isinstance(f, dict)]
+    metas = man.get("files") if isinstance(man.get("files"), dict) else {}
+    lines += [f"file {f['file']}: {size_words(f['bytes'])}" + _cut(metas.get(f["file"])) for f in doc["files"]]
     lines.append(f"nvidia-bug-report.sh: {doc['bug_report_words']}")
     lines += [f"note: {n}" for n in doc["notes"]]
     for line in lines:

@@ -19,6 +19,7 @@ from typing import Iterator, Mapping
 
 from gpu_tune.errors import HostError, NotAFile
 from gpu_tune.host.files import file_kind, os_reason, read_capped
+from gpu_tune.host.fs_write import replace_at
 from gpu_tune.host.resolve import O_CLOEXEC
 
 O_DIR = os.O_RDONLY | os.O_DIRECTORY | os.O_NOFOLLOW | O_CLOEXEC
@@ -127,36 +128,9 @@ def make_folder(fs, host_dir: str, name: str, files: Mapping[str, bytes], *, mod
         os.close(dfd)
 
 
-def replace_in(fs, host_dir: str, name: str, fname: str, data: bytes, *, mode: int = 0o640) -> None:
-    """Replace (or create) the file ``fname`` in the folder ``host_dir/name`` whole: a temporary
-    file beside it renamed over it. Raises HostError."""
-    dfd = open_folder(fs, host_dir, create=False)
-    try:
-        bfd = os.open(name, O_DIR, dir_fd=dfd)
-    except OSError as exc:
-        os.close(dfd)
-        raise _err(f"{host_dir}/{name}", exc) from None
-    tmp = f".{fname}.{os.urandom(4).hex()}"
-    try:
-        write_new(bfd, tmp, data, mode)
-        os.rename(tmp, fname, src_dir_fd=bfd, dst_dir_fd=bfd)
-        tmp = ""
-        os.fsync(bfd)
-    except OSError as exc:
-        raise _err(f"{host_dir}/{name}/{fname}", exc, "not written: ") from None
-    finally:
-        if tmp:
-            try:
-                os.unlink(tmp, dir_fd=bfd)
-            except OSError:
-                pass
-        os.close(bfd)
-        os.close(dfd)
-
-
 def open_entry(fs, host_dir: str, name: str) -> int:
     """A descriptor of the folder ``host_dir/name`` (no link followed on the way). The caller
-    closes it. Raises HostError."""
+    closes it. Raises HostError (``FileNotFoundError`` when ``host_dir`` is not there)."""
     dfd = open_folder(fs, host_dir, create=False)
     try:
         return os.open(name, O_DIR, dir_fd=dfd)
@@ -166,25 +140,40 @@ def open_entry(fs, host_dir: str, name: str) -> int:
         os.close(dfd)
 
 
+def replace_in(fs, host_dir: str, name: str, fname: str, data: bytes, *, mode: int = 0o640) -> None:
+    """Replace (or create) the file ``fname`` in the folder ``host_dir/name`` whole (a temporary
+    file beside it renamed over it: :func:`~gpu_tune.host.fs_write.replace_at`). Raises HostError."""
+    bfd = open_entry(fs, host_dir, name)
+    try:
+        replace_at(bfd, fname, data, mode)
+    except OSError as exc:
+        raise _err(f"{host_dir}/{name}/{fname}", exc, "not written: ") from None
+    finally:
+        os.close(bfd)
+
+
+def _scan(fd: int) -> Iterator[tuple[str, os.stat_result]]:
+    """(name, lstat) of the entries of the folder ``fd`` (an entry gone meanwhile left out)."""
+    with os.scandir(fd) as it:
+        for e in it:
+            try:
+                yield e.name, e.stat(follow_symlinks=False)
+            except OSError:
+                continue
+
+
 def _size(dfd: int, name: str) -> int:
     """The bytes of the regular files in the folder ``name`` (one level, no link followed)."""
     try:
         fd = os.open(name, O_DIR, dir_fd=dfd)
     except OSError:
         return 0
-    total = 0
     try:
-        with os.scandir(fd) as it:
-            for e in it:
-                try:
-                    st = e.stat(follow_symlinks=False)
-                except OSError:
-                    continue
-                if stat.S_ISREG(st.st_mode):
-                    total += st.st_size
+        return sum(st.st_size for _, st in _scan(fd) if stat.S_ISREG(st.st_mode))
+    except OSError:
+        return 0
     finally:
         os.close(fd)
-    return total
 
 
 def entries(fs, host_dir: str) -> list[Entry]:
@@ -196,15 +185,10 @@ def entries(fs, host_dir: str) -> list[Entry]:
         return []
     out = []
     try:
-        with os.scandir(dfd) as it:
-            for e in it:
-                try:
-                    st = e.stat(follow_symlinks=False)
-                except OSError:
-                    continue
-                is_dir = stat.S_ISDIR(st.st_mode)
-                size = _size(dfd, e.name) if is_dir else (st.st_size if stat.S_ISREG(st.st_mode) else 0)
-                out.append(Entry(e.name, is_dir, size, st.st_mtime))
+        for n, st in _scan(dfd):
+            is_dir = stat.S_ISDIR(st.st_mode)
+            size = _size(dfd, n) if is_dir else (st.st_size if stat.S_ISREG(st.st_mode) else 0)
+            out.append(Entry(n, is_dir, size, st.st_mtime))
     except OSError as exc:
         raise _err(host_dir, exc) from None
     finally:
@@ -212,27 +196,15 @@ def entries(fs, host_dir: str) -> list[Entry]:
     return sorted(out, key=lambda e: e.name)
 
 
-def files_in(fs, host_dir: str, name: str) -> Iterator[tuple[str, int]]:
+def files_in(fs, host_dir: str, name: str) -> list[tuple[str, int]]:
     """(file, bytes) of the regular files in ``host_dir/name``, by name. Raises HostError."""
-    dfd = open_folder(fs, host_dir, create=False)
+    bfd = open_entry(fs, host_dir, name)
     try:
-        bfd = os.open(name, O_DIR, dir_fd=dfd)
-    except OSError as exc:
-        os.close(dfd)
-        raise _err(f"{host_dir}/{name}", exc) from None
-    try:
-        rows = []
-        with os.scandir(bfd) as it:
-            for e in it:
-                st = e.stat(follow_symlinks=False)
-                if stat.S_ISREG(st.st_mode):
-                    rows.append((e.name, st.st_size))
+        return sorted((n, st.st_size) for n, st in _scan(bfd) if stat.S_ISREG(st.st_mode))
     except OSError as exc:
         raise _err(f"{host_dir}/{name}", exc) from None
     finally:
         os.close(bfd)
-        os.close(dfd)
-    yield from sorted(rows)
 
 
 def read_in(fs, host_dir: str, name: str, fname: str, limit: int) -> bytes | None:
@@ -240,26 +212,23 @@ def read_in(fs, host_dir: str, name: str, fname: str, limit: int) -> bytes | Non
     there; its first ``limit`` bytes when it is larger). Raises HostError (a link, a FIFO...)."""
     where = f"{host_dir}/{name}/{fname}"
     try:
-        dfd = open_folder(fs, host_dir, create=False)
+        bfd = open_entry(fs, host_dir, name)
     except FileNotFoundError:
         return None
-    try:
-        bfd = os.open(name, O_DIR, dir_fd=dfd)
-    except FileNotFoundError:
-        os.close(dfd)
-        return None
-    except OSError as exc:
-        os.close(dfd)
-        raise _err(f"{host_dir}/{name}", exc) from None
+    except HostError as exc:
+        if exc.errno == errno.ENOENT:
+            return None
+        raise
     try:
         fd = os.open(fname, os.O_RDONLY | os.O_NONBLOCK | os.O_NOFOLLOW | O_CLOEXEC, dir_fd=bfd)
     except FileNotFoundError:
         return None
     except OSError as exc:
+        if exc.errno == errno.ELOOP:
+            raise NotAFile(f"{where}: not read: it is a symlink, never followed", errno.ELOOP) from None
         raise _err(where, exc) from None
     finally:
         os.close(bfd)
-        os.close(dfd)
     try:
         kind = file_kind(os.fstat(fd).st_mode)
         if kind is not None:

@@ -65,9 +65,17 @@ def spawn(root: str, name: str, script: str, timeout: float, log_cap: int, out_c
 
 
 def words(status: Any, now: float | None = None) -> str:
-    """A bug report's status in a few words (``gpu-tune evidence``, ``/readiness``)."""
+    """A bug report's status in a few words (``gpu-tune evidence``, ``/readiness``); a status file
+    this tool did not write says so."""
     if not isinstance(status, dict):
         return "no status"
+    try:
+        return _words(status, now)
+    except (TypeError, ValueError, AttributeError):
+        return "its status file is not in the form gpu-tune writes"
+
+
+def _words(status: dict, now: float | None) -> str:
     state = str(status.get("state", "?"))
     if state in ("starting", "running"):
         until = status.get("until")

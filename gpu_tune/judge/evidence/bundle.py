@@ -265,8 +265,8 @@ def read_json(fs, name: str, fname: str, cap: int = MANIFEST_CAP) -> tuple[Any, 
         return None, f"{path_of(name)}/{fname}: larger than {cap} bytes"
     try:
         return json.loads(data), None
-    except ValueError as exc:
-        return None, f"{path_of(name)}/{fname}: not JSON ({str(exc)[:80]})"
+    except (ValueError, RecursionError) as exc:
+        return None, f"{path_of(name)}/{fname}: not JSON ({str(exc)[:80] or 'nested too deep'})"
 
 
 def running(status: Any, now: float) -> bool:

@@ -19,9 +19,11 @@ def _row(fs, name: str, size: int, now: float) -> dict[str, Any]:
     man, why = read_json(fs, name, MANIFEST)
     status, swhy = read_json(fs, name, BUG_STATUS, STATUS_CAP)
     man = man if isinstance(man, dict) else {}
-    finds = [f.get("key") for f in man.get("findings") or [] if isinstance(f, dict)]
+    listed = man.get("findings") if isinstance(man.get("findings"), list) else []
+    finds = [str(f.get("key")) for f in listed if isinstance(f, dict)]
     state = status.get("state") if isinstance(status, dict) else None
-    return {"name": name, "path": path_of(name), "created": man.get("created"), "findings": finds, "bytes": size,
+    created = man.get("created") if isinstance(man.get("created"), str) else None
+    return {"name": name, "path": path_of(name), "created": created, "findings": finds, "bytes": size,
             "cut": bool(man.get("cut")) or str(state or "").startswith("cut"), "bug_report": words(status, now) if status is not None else (swhy or ""),
             "bug_report_state": state,
             "notes": [w for w in (why,) if w]}
