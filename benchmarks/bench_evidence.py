@@ -15,7 +15,7 @@ run) with a fatal XID, a fresh state folder each run; per case the median of ``-
 - ``hang``: it ignores SIGTERM, starts a child and one that leaves its group, never exits
   (deadline ``--deadline`` s).
 
-Printed per case: the pass's wall time, the time until the bug report said it was done (from the
+Printed per case (the cases interleaved run by run): the pass's wall and CPU time, the time until the bug report said it was done (from the
 pass's start), the bytes kept in the bundle (the report's, and its output kept of produced), and the
 stand-in's processes left running afterwards. Then the memory the evidence code costs a process
 that imports it (the agent does only when a fault appears).
@@ -29,6 +29,7 @@ from __future__ import annotations
 import argparse
 import json
 import os
+import resource
 import shutil
 import statistics
 import subprocess
@@ -71,10 +72,12 @@ def one(root: Path, pol: Path, tmp: Path, mode: str | None, fault: bool, args) -
                    GPU_TUNE_EVIDENCE_BUG_REPORT_TIMEOUT=str(args.deadline))
     argv = gpu_tune_argv() + ["check", "--root", str(root), "--gpu-fixture", str(FIXTURE), "--policy-dir", str(pol),
                               "--profile", "health", "-o", "json"]
+    r0 = resource.getrusage(resource.RUSAGE_CHILDREN)
     t0 = time.perf_counter()
     r = subprocess.run(argv, capture_output=True, text=True, env=env)
     took = time.perf_counter() - t0
-    out = {"pass_s": took, "rc": r.returncode}
+    r1 = resource.getrusage(resource.RUSAGE_CHILDREN)  # the pass's own (the worker is not our child)
+    out = {"pass_s": took, "cpu_s": (r1.ru_utime - r0.ru_utime) + (r1.ru_stime - r0.ru_stime), "rc": r.returncode}
     if not fault:
         return out
     doc = json.loads(r.stdout)
@@ -128,17 +131,17 @@ def main() -> int:
     pol = policies(tmp)
     cases = [("healthy", None, False), ("no bug report", None, True), ("slow", "slow", True), ("huge", "huge", True),
              ("hang", "hang", True)]
-    rows = {}
-    for label, mode, fault in cases:
-        runs = [one(root, pol, tmp, mode, fault, args) for _ in range(args.runs)]
-        rows[label] = runs
+    rows: dict[str, list[dict]] = {label: [] for label, _, _ in cases}
+    for _ in range(args.runs):  # interleaved: a neighbour's load falls on every case alike
+        for label, mode, fault in cases:
+            rows[label].append(one(root, pol, tmp, mode, fault, args))
     floor = statistics.median(r["pass_s"] for r in rows["no bug report"])
     ok = True
     print(f"gpu-tune check, 8-GPU fixture, {args.runs} run(s) each (median; bundle cap 64 MiB, deadline "
           f"{args.deadline} s):")
     for label, runs in rows.items():
         p = statistics.median(r["pass_s"] for r in runs)
-        line = f"  {label:14s} pass {p:6.3f} s"
+        line = f"  {label:14s} pass {p:6.3f} s wall, {statistics.median(r['cpu_s'] for r in runs):5.3f} s CPU"
         if "done_s" in runs[0]:
             last = runs[-1]
             out = last["output"]

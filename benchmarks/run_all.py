@@ -49,6 +49,7 @@ SETTINGS: dict[str, list[str]] = {
     "bench_http_limits.py": ["--duration", "5", "--repeat", "3"],
     "bench_gain.py": ["--pairs", "3"],
     "bench_policy.py": ["--runs", "9"],
+    "bench_evidence.py": ["--runs", "3"],
 }
 QUICK: dict[str, list[str]] = {
     "bench_audit.py": ["--runs", "7"],
@@ -66,6 +67,7 @@ QUICK: dict[str, list[str]] = {
     "bench_hostile_round4_cache.py": ["--only", "fifo"],
     "bench_slurm_bounds.py": ["--only", "out"],
     "bench_policy.py": ["--runs", "3"],
+    "bench_evidence.py": ["--runs", "1", "--huge-mib", "96"],
 }
 DEFAULT_TIMEOUT = 420.0  # seconds per benchmark
 HEADLINE = re.compile(r"\b(PASS|FAIL|MISSED|TARGET|targets?|goal)\b")
