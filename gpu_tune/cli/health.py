@@ -46,7 +46,8 @@ def check_cmd(
         raise InputError("--dry-run needs --slurm (gpu-tune check alone tells no scheduler anything)")
     from gpu_tune.judge.evidence import settings_from_env
 
-    evidence = None if dry_run else settings_from_env()  # the bounds checked before anything runs
+    bounds = settings_from_env()  # the evidence's bounds, checked before anything runs (a dry run too)
+    evidence = None if dry_run else bounds
     scontrol = None
     if slurm:  # Slurm's command and configuration, and the name, checked before anything runs
         import os

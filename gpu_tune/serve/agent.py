@@ -1,7 +1,8 @@
 """The agent's loop (:class:`Agent`): the flow on an interval, and the probe in a thread of its own.
 
 Each pass: discover -> GPUs -> audit (mode ``audit``) or re-apply drift (mode ``enforce``, at most
-once per ``enforce_min_interval`` per setting) -> verdict -> publish -> snapshot. Intervals carry
+once per ``enforce_min_interval`` per setting) -> verdict -> evidence (a hardware fault seen first:
+gpu_tune.judge.evidence) -> publish -> snapshot. Intervals carry
 +-10 % jitter, and the one after the first publish is drawn over the whole interval
 (:func:`pass_wait`: agents started together by a rollout do not keep passing together). The probe runs in its own thread (it spawns its own process), at start, every
 ``probe interval`` and whenever the GPU set, the driver version or the boot id changes, so
