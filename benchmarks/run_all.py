@@ -52,6 +52,7 @@ SETTINGS: dict[str, list[str]] = {
     "bench_gain.py": ["--pairs", "3"],
     "bench_policy.py": ["--runs", "9"],
     "bench_slurm_fleet.py": ["--jobs", "5", "--rounds", "3"],
+    "bench_evidence.py": ["--runs", "3"],
 }
 QUICK: dict[str, list[str]] = {
     "bench_audit.py": ["--runs", "7"],
@@ -71,6 +72,7 @@ QUICK: dict[str, list[str]] = {
     "bench_slurm_bounds.py": ["--only", "out"],
     "bench_policy.py": ["--runs", "3"],
     "bench_slurm_fleet.py": ["--jobs", "3", "--rounds", "1"],
+    "bench_evidence.py": ["--runs", "1", "--huge-mib", "96"],
 }
 DEFAULT_TIMEOUT = 420.0  # seconds per benchmark
 HEADLINE = re.compile(r"\b(PASS|FAIL|MISSED|TARGET|targets?|goal)\b")

@@ -153,6 +153,11 @@ class NodeWant:
     more_conditions: tuple[dict[str, str], ...] = ()
     # the taint the agent owns; None: taint handling off (the condition only)
     taint: TaintSpec | None = DEFAULT_TAINT
+    # the evidence bundles of this verdict's hardware findings (docs/health.md "Evidence"), named in
+    # the transition's Event; ``evidence_new``: those written and not yet in an Event (an Event of
+    # their own when the condition does not change)
+    evidence: tuple[str, ...] = ()
+    evidence_new: tuple[str, ...] = ()
 
     def as_dict(self) -> dict[str, Any]:
         wanted = {True: "present", False: "absent", None: "unchanged"}[self.taint_wanted]

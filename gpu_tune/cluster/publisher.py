@@ -81,6 +81,7 @@ from gpu_tune.errors import InputError
 
 log = logging.getLogger("gpu_tune.kube")
 
+EVIDENCE_REASON = "GPUHostEvidence"  # an Event naming an evidence bundle written while the condition stays
 # Where an Event about a Node can live: kube-apiserver validates a core/v1 Event about a
 # cluster-scoped object (involvedObject.namespace "") only in "default" (or, with an eventTime,
 # "kube-system"), whatever namespace the agent itself runs in. The kubelet's Node events are there.
@@ -391,8 +392,8 @@ class KubePublisher:
         if dry_run:
             plan = plan_node(node, want, heartbeat_s=self._heartbeat)
             ctx.changed.extend(plan.changed)
-            if plan.transition:
-                ctx.changed.append(f"event {self._event_reason(want)}")
+            if plan.transition or want.evidence_new:
+                ctx.changed.append(f"event {self._event_reason(want) if plan.transition else EVIDENCE_REASON}")
             return f"dry run: {len(plan.changed)} change(s) for node {self.node}"
 
         skipped: list[str] = []
@@ -442,6 +443,8 @@ class KubePublisher:
         else:
             raise _Failed(f"patch nodes/status: still conflicting after {self._conflict_attempts} attempts")
 
+        if self._pending_event is None and want.evidence_new:  # evidence without a transition: its own Event
+            self._pending_event = self._event_body(want, node, EVIDENCE_REASON)
         if self._pending_event is not None:
             ev = self._pending_event
             self._call(ctx, "create", "events", lambda: self._api.request(
@@ -459,11 +462,15 @@ class KubePublisher:
     def _event_reason(want: NodeWant) -> str:
         return "GPUHostReady" if want.condition.get("status") == "True" else "GPUHostNotReady"
 
-    def _event_body(self, want: NodeWant, node: dict[str, Any]) -> dict[str, Any]:
+    def _event_body(self, want: NodeWant, node: dict[str, Any], reason: str = "") -> dict[str, Any]:
         now = now_rfc3339()
-        ready = want.condition.get("status") == "True"
-        reason = self._event_reason(want)
+        ready = want.condition.get("status") == "True" and not reason
+        reason = reason or self._event_reason(want)
         message = f"{want.condition.get('reason', '')}: {want.condition.get('message', '')}".strip(": ")
+        if want.evidence:  # the bundles kept on the node, before the message's own words are cut
+            more = len(want.evidence) - 3
+            shown = ", ".join(want.evidence[:3]) + (f" and {more} more" if more > 0 else "")
+            message = f"evidence: {shown}; {message[:1024 - len(shown) - 12]}"
         return {
             "apiVersion": "v1",
             "kind": "Event",
