@@ -37,7 +37,8 @@ GPU_FIXTURES = REPO / "tests" / "fixtures" / "gpu"
 XDIST_GROUPS = {
     "test_image.py": "this-host", "test_image_gpu.py": "this-host", "test_cluster_e2e.py": "this-host",
     "test_cluster_two_nodes.py": "this-host", "test_systemd_live.py": "this-host", "test_slurm.py": "slurm",
-    "test_slurm_hostile.py": "slurm",
+    "test_slurm_hostile.py": "slurm", "test_slurm_fleet.py": "slurm",
+    "test_slurm_prolog_rpcs.py": "slurm",
 }
 
 
@@ -97,7 +98,8 @@ def run_cli(*args: str, env: dict | None = None, timeout: float = 600, input: st
     """Run the real console script in a subprocess; returns CompletedProcess (text). ``program``:
     what the interpreter runs (another entry to the same command line, say)."""
     full_env = {**os.environ, "PYTHONPATH": str(REPO)}
-    for k in ("GPU_TUNE_ROOT", "GPU_TUNE_PROFILE", "GPU_TUNE_POLICY_DIR", "GPU_TUNE_GPU_BACKEND", "GPU_TUNE_GPU_FIXTURE"):
+    for k in ("GPU_TUNE_ROOT", "GPU_TUNE_PROFILE", "GPU_TUNE_POLICY_DIR", "GPU_TUNE_GPU_BACKEND", "GPU_TUNE_GPU_FIXTURE",
+              "GPU_TUNE_TAINT"):
         full_env.pop(k, None)
     full_env["COLUMNS"] = "200"  # whatever the terminal (or a pytest-xdist worker) says
     if env:

@@ -318,3 +318,61 @@ def test_the_hardware_condition_is_owned_only_where_the_chart_keeps_one(policy, 
     assert with_hw.review(old, new, extra=token("gpu-1"), subresource="status") == []
     kubelets = changed(old, lambda n: cond(n, "Ready").update(status="False"))
     assert with_hw.review(old, kubelets, extra=token("gpu-1"), subresource="status") != []
+
+
+# -- the startup taint the chart configures (startupTaint: key, effect, manage, formerKeys) ---------
+CA = {"key": "startup-taint.cluster-autoscaler.kubernetes.io/gpu-tune", "value": "pending", "effect": "NoSchedule"}
+FORMER = {"key": "readiness.k8s.io/gpu-tune", "effect": "NoSchedule"}
+
+
+def chart_policy(policy, sets: list[str]) -> Policy:
+    from tests.helmbin import helm_binary
+    from tests.test_helm import template
+
+    docs = template(str(helm_binary()), sets=sets)
+    (doc,) = [d for d in docs if d["kind"] == "ValidatingAdmissionPolicy"]
+    doc["spec"]["matchConditions"][0]["expression"] = policy.spec["matchConditions"][0]["expression"]
+    return Policy(doc)
+
+
+def with_taints(base: dict, taints: list[dict]) -> dict:
+    return changed(base, lambda n: n["spec"].update(taints=taints))
+
+
+def test_a_custom_taint_key_is_the_agents_and_the_default_only_removable(policy):
+    """startupTaint.key: that key (and effect) added and removed; the default, and the keys in
+    formerKeys, removed but never added; nothing else."""
+    custom = chart_policy(policy, [f"startupTaint.key={CA['key']}", "startupTaint.value=pending",
+                                   f"startupTaint.formerKeys={{{FORMER['key']}:NoSchedule}}"])
+    foreign = {"key": "nvidia.com/gpu", "value": "present", "effect": "NoSchedule"}
+    base = with_taints(node("gpu-1"), [foreign, dict(OURS), dict(FORMER)])
+    admitted = {
+        "the default removed": [foreign, dict(FORMER)],
+        "the custom key added": [foreign, dict(OURS), dict(FORMER), CA],
+        "both former ones removed, the custom key added": [foreign, CA],
+    }
+    for what, taints in admitted.items():
+        assert custom.review(base, with_taints(base, taints), extra=token("gpu-1")) == [], what
+    tainted = with_taints(base, [foreign, CA])
+    assert custom.review(tainted, with_taints(tainted, [foreign]), extra=token("gpu-1")) == []  # custom removed
+    denied = {
+        "the default added back": (tainted, [foreign, CA, dict(OURS)]),
+        "a former key added": (tainted, [foreign, CA, dict(FORMER)]),
+        "a foreign taint of the same effect removed": (tainted, [CA]),
+        "its key with another effect": (tainted, [foreign, CA, {"key": CA["key"], "effect": "PreferNoSchedule"}]),
+        "a foreign taint added": (tainted, [foreign, CA, {"key": "evil", "effect": "NoSchedule"}]),
+    }
+    for what, (old, taints) in denied.items():
+        got = custom.review(old, with_taints(old, taints), extra=token("gpu-1"))
+        assert len(got) == 1 and f"may add or remove only its own taint {CA['key']}:NoSchedule" in got[0], (what, got)
+    # the shipped policy: the custom key is someone else's
+    assert policy.review(base, with_taints(base, [foreign, dict(OURS), dict(FORMER), CA]), extra=token("gpu-1"))
+
+
+def test_with_taint_handling_off_no_taint_may_change(policy):
+    off = chart_policy(policy, ["startupTaint.manage=false"])
+    base = node("gpu-1")
+    for taints in ([t for t in base["spec"]["taints"] if t != OURS], base["spec"]["taints"] + [CA]):
+        got = off.review(base, with_taints(base, taints), extra=token("gpu-1"))
+        assert len(got) == 1 and "its taint handling is off" in got[0], got
+    assert off.review(base, changed(base, ALLOWED["own label changed"]), extra=token("gpu-1")) == []

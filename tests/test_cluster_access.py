@@ -81,11 +81,12 @@ def agent(api, shipped, tmp_path):
 
 
 def wait_policy_enforced(api, token: str, node: str) -> None:
-    """A new ValidatingAdmissionPolicy takes a moment to be loaded: wait until it denies."""
+    """A new ValidatingAdmissionPolicy takes a moment to be loaded: wait until it denies. Each try
+    is a change (a label already set to the same value would be admitted by the loaded policy too)."""
     t0 = time.monotonic()
     while True:
         try:
-            api.cp.request("PATCH", f"/api/v1/nodes/{node}", {"metadata": {"labels": {"team": "x"}}},
+            api.cp.request("PATCH", f"/api/v1/nodes/{node}", {"metadata": {"labels": {"team": f"x{time.monotonic_ns()}"}}},
                            "application/merge-patch+json", token=token)
         except ApiError as exc:
             if exc.status == 403 and "gpu-tune" in exc.body:

@@ -194,11 +194,13 @@ def grants_of(role: dict) -> set[tuple[str, str, str]]:
 def test_rbac_grants_exactly_the_calls_the_agent_makes():
     """Nodes get/patch and nodes/status patch cluster-wide (nodes are cluster-scoped); Events
     create only in the namespace default (the only one where the API server keeps an Event about
-    a Node), through a Role. No list, watch or Event patch."""
+    a Node), through a Role; ResourceSlices list (a Node without nvidia.com/gpu: its GPUs in
+    NVIDIA's DRA driver's slices). No other list, no watch or Event patch."""
     docs = render("overlays/audit")
     role, crole = only(docs, "Role"), only(docs, "ClusterRole")
     sa = only(docs, "ServiceAccount")
-    assert grants_of(crole) == {("", "nodes", "get"), ("", "nodes", "patch"), ("", "nodes/status", "patch")}
+    assert grants_of(crole) == {("", "nodes", "get"), ("", "nodes", "patch"), ("", "nodes/status", "patch"),
+                                ("resource.k8s.io", "resourceslices", "list")}
     assert grants_of(role) == {("", "events", "create")}
     assert role["metadata"]["namespace"] == "default" and sa["metadata"]["namespace"] == "gpu-tune"
     subject = [{"kind": "ServiceAccount", "name": sa["metadata"]["name"], "namespace": sa["metadata"]["namespace"]}]
@@ -220,6 +222,7 @@ _CALL_GRANTS = [
     (re.compile(r"^PATCH /api/v1/nodes/[^/]+$"), ("", "nodes", "patch")),
     (re.compile(r"^PATCH /api/v1/nodes/[^/]+/status$"), ("", "nodes/status", "patch")),
     (re.compile(r"^POST /api/v1/namespaces/([^/]+)/events$"), ("", "events", "create")),
+    (re.compile(r"^GET /apis/resource\.k8s\.io/v1/resourceslices$"), ("resource.k8s.io", "resourceslices", "list")),
 ]
 
 

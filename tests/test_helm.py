@@ -565,3 +565,48 @@ def test_admission_policy_values(helm):
     assert proc.returncode == 0, proc.stderr
     kinds = {d["kind"] for d in yaml.safe_load_all(proc.stdout) if d}
     assert "DaemonSet" in kinds and "ValidatingAdmissionPolicy" not in kinds
+
+
+# -- the startup taint (startupTaint) ------------------------------------------------------------------
+def test_the_startup_taint_reaches_the_agent_the_tolerations_and_the_policy(helm):
+    ca = "startup-taint.cluster-autoscaler.kubernetes.io/gpu-tune"
+
+    def rendered(*sets):
+        docs = template(helm, sets=list(sets))
+        ds = the(docs, "DaemonSet")
+        env = {e["name"]: e.get("value") for e in ds["spec"]["template"]["spec"]["containers"][0]["env"]}
+        policy = the(docs, "ValidatingAdmissionPolicy")
+        variables = {v["name"]: v["expression"] for v in policy["spec"]["variables"]}
+        return ds, env, variables
+
+    ds, env, variables = rendered()
+    assert env["GPU_TUNE_TAINT"] == "gpu-tune.io/not-ready:NoSchedule"
+    assert parse_container_cli(ds)["taint"] == "gpu-tune.io/not-ready:NoSchedule"
+    assert (variables["ownTaint"], variables["formerTaints"]) == ("'gpu-tune.io/not-ready:NoSchedule'",
+                                                                  "['gpu-tune.io/not-ready:NoSchedule']")
+    ds, env, variables = rendered(f"startupTaint.key={ca}", "startupTaint.value=pending",
+                                  "startupTaint.formerKeys={readiness.k8s.io/gpu:NoSchedule}",
+                                  "tolerations[0].key=dedicated", "tolerations[0].operator=Exists")
+    assert env["GPU_TUNE_TAINT"] == f"{ca}=pending:NoSchedule"
+    assert variables["ownTaint"] == f"'{ca}:NoSchedule'"
+    assert variables["formerTaints"] == "['gpu-tune.io/not-ready:NoSchedule', 'readiness.k8s.io/gpu:NoSchedule']"
+    # a narrowed toleration list: the agent still starts on a node with the new key or the default one
+    assert ds["spec"]["template"]["spec"]["tolerations"] == [
+        {"key": "dedicated", "operator": "Exists"},
+        {"key": ca, "operator": "Exists", "effect": "NoSchedule"},
+        {"key": "gpu-tune.io/not-ready", "operator": "Exists", "effect": "NoSchedule"}]
+    ds, env, _ = rendered(f"startupTaint.key={ca}", f"tolerations[0].key={ca}", "tolerations[0].operator=Exists")
+    assert ds["spec"]["template"]["spec"]["tolerations"] == [  # already tolerated: not twice
+        {"key": ca, "operator": "Exists"}, {"key": "gpu-tune.io/not-ready", "operator": "Exists", "effect": "NoSchedule"}]
+    ds, env, variables = rendered("startupTaint.manage=false")
+    assert env["GPU_TUNE_TAINT"] == "off" and parse_container_cli(ds)["taint"] == "off"
+    assert (variables["ownTaint"], variables["formerTaints"]) == ("''", "[]")
+
+
+@pytest.mark.parametrize("bad", ["startupTaint.key=nvidia.com/gpu", "startupTaint.key=a'b",
+                                 "startupTaint.key=node.kubernetes.io/not-ready", "startupTaint.effect=NoExecute",
+                                 "startupTaint.value=a b", "startupTaint.formerKeys={readiness.k8s.io/gpu}"])
+def test_schema_rejects_a_bad_startup_taint(helm, bad):
+    proc = run([helm, "template", "gpu-tune", str(CHART), "--set", bad])
+    assert proc.returncode != 0, f"--set {bad} was accepted"
+    assert "schema" in proc.stderr and "startupTaint" in proc.stderr, proc.stderr

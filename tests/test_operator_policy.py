@@ -230,7 +230,12 @@ def test_the_default_warns_on_5_bursts_of_an_application_xid_on_one_gpu_and_neve
     ("  xid:\n    13: {action: ignore, count: 3, within: 1h}\n", r"XID 13: a repeat rule's action ignore does nothing"),
     ("  xid:\n    79: {action: inspect_hw, count: 3, within: 7d across boots}\n",
      r"p\.yaml: readiness\.xid\.79: XID 79 is fatal at its first record \(catalog: reboot\)"),
-    ("  max_out_of_service: 10%\n", r"p\.yaml: readiness\.max_out_of_service: unknown key"),
+    ("  max_out_of_service: 10 percent\n", r"p\.yaml: readiness\.max_out_of_service: '10 percent' is not a count of "
+     r"nodes \(0 to 1,000,000\) or a percentage \(0% to 100%, e\.g\. 10% or 2\.5%\); 0 reports only"),
+    ("  max_out_of_service: 150%\n", r"readiness\.max_out_of_service: '150%' is not a count of nodes"),
+    ("  max_out_of_service: -1\n", r"readiness\.max_out_of_service: '-1' is not a count of nodes"),
+    ("  max_out_of_service: 2.5\n", r"readiness\.max_out_of_service: '2\.5' is not a count of nodes"),
+    ("  max_out_of_service: yes\n", r"readiness\.max_out_of_service: true \(YAML reads on and yes so\) is not a count"),
 ])
 def test_nonsense_is_refused_at_load_with_one_line(cli, host, tmp_path, body, line):
     r = cli("check", "--root", str(host), "--gpu-fixture", str(gpu_json(tmp_path)), "--policy-dir",

@@ -79,6 +79,10 @@ OutputOpt = Annotated[Optional[Output], typer.Option("--output", "-o", help="tab
 VerboseOpt = Annotated[Optional[bool], typer.Option("--verbose", "-v", help="Log more; show tracebacks")]
 ProfileOpt = Annotated[str, typer.Option("--profile", envvar="GPU_TUNE_PROFILE", metavar="P",
                                          help="Profile to act for")]
+TaintOpt = Annotated[Optional[str], typer.Option(
+    "--taint", envvar="GPU_TUNE_TAINT", metavar="KEY[=VALUE]:EFFECT|off",
+    help="The startup taint this agent owns, as kubectl taint writes it, or off: the GPUHostReady condition "
+         "only, the taint left to another controller (docs/deploy.md) [default: the profile's readiness.taint]")]
 
 _GLOBAL_PARAMS = [
     inspect.Parameter("g_root", inspect.Parameter.KEYWORD_ONLY, default=None, annotation=RootOpt),

@@ -7,7 +7,7 @@ from typing import Annotated, Optional
 
 import typer
 
-from gpu_tune.cli.app import Globals, Mode, ProfileOpt, command, print_json
+from gpu_tune.cli.app import Globals, Mode, ProfileOpt, TaintOpt, command, print_json
 
 log = logging.getLogger("gpu_tune")
 
@@ -22,10 +22,12 @@ def label_cmd(
     mode: Annotated[Mode, typer.Option("--mode", case_sensitive=False, help="Publish as the agent in this mode would "
                                        "(audit and revert never taint; a Node label gpu-tune.io/mode=audit|revert "
                                        "lowers it, as for the agent); the host is never written")] = Mode.audit,
+    taint: TaintOpt = None,
 ) -> int:
     from gpu_tune.cluster.oneshot import label_once
 
-    return label_once(g, profile=profile, node=node, kubeconfig=kubeconfig, dry_run=dry_run, mode=mode.value)
+    return label_once(g, profile=profile, node=node, kubeconfig=kubeconfig, dry_run=dry_run, mode=mode.value,
+                      taint=taint)
 
 
 @command("fleet", help="Every GPU node's readiness as the agents published it, from the API server (read-only). "

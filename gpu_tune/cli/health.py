@@ -44,6 +44,10 @@ def check_cmd(
         raise InputError("--slurm-node needs --slurm")
     if dry_run and not slurm:
         raise InputError("--dry-run needs --slurm (gpu-tune check alone tells no scheduler anything)")
+    from gpu_tune.judge.evidence import settings_from_env
+
+    bounds = settings_from_env()  # the evidence's bounds, checked before anything runs (a dry run too)
+    evidence = None if dry_run else bounds
     scontrol = None
     if slurm:  # Slurm's command and configuration, and the name, checked before anything runs
         import os
@@ -53,16 +57,18 @@ def check_cmd(
         check_names(slurm_node, os.environ)
         scontrol = Scontrol()
     fs = open_host(g)
-    v, host, doc, gpus, topo_doc = _judge(g, fs, profile, probe, device, read_only=dry_run)
+    v, host, doc, gpus, topo_doc = _judge(g, fs, profile, probe, device, read_only=dry_run, evidence=evidence)
     if scontrol is not None:
         return _slurm(g, fs, v, host, doc, gpus, topo_doc, slurm_node, scontrol, dry_run=dry_run)
     _print_verdict(g, v, host, doc)
     return 0 if v.ready else 1
 
 
-def _judge(g: Globals, fs, profile: str, probe: bool, device: Device, *, read_only: bool = False):
+def _judge(g: Globals, fs, profile: str, probe: bool, device: Device, *, read_only: bool = False, evidence=None):
     """The verdict of one pass, as ``/readiness`` has it: (verdict, host health, document, GPUs,
-    topology document). ``read_only``: the health state is read, never written (a dry run)."""
+    topology document). ``read_only``: the health state is read, never written (a dry run);
+    ``evidence``: the bounds of the evidence kept of a hardware finding (None: none kept), the
+    document's ``evidence`` (docs/health.md "Evidence")."""
     import time
 
     from gpu_tune.discover.topology import discover
@@ -105,7 +111,31 @@ def _judge(g: Globals, fs, profile: str, probe: bool, device: Device, *, read_on
     v = verdict(profile=prof, audit=report, gpus=gpus, topology=topo_doc, probes=probes, errors=errors,
                 host=host, history=view, expect=expect)
     doc = _doc(v, prof.name, format_rfc3339(started))
+    if evidence is not None:
+        doc.update(_evidence(fs, monitor.state, evidence, v, gpus, topo_doc, view, doc))
     return v, host, doc, gpus, topo_doc
+
+
+def _evidence(fs, state, settings, v, gpus, topo_doc, view, doc: dict) -> dict:
+    """``{"evidence": ...}`` when a hardware finding keeps evidence (or it could not be kept), else
+    ``{}``; the bug report is left running when this command exits (docs/health.md "Evidence")."""
+    from gpu_tune.judge.evidence import wanted
+
+    if not wanted(v):
+        return {}
+    from gpu_tune.judge.evidence.keeper import EvidenceKeeper
+
+    try:
+        keeper = EvidenceKeeper(fs, state, settings, node=doc["node"], log_notes=False)  # its notes: in the output
+        note = keeper.keep(v, gpus, topo_doc, view, doc)
+    except Exception as exc:  # noqa: BLE001 - evidence is never the verdict's: said, not raised
+        log.debug("evidence", exc_info=True)
+        return {"evidence": {"bundles": [], "notes": [f"evidence not kept: {type(exc).__name__}: {exc}"[:300]]}}
+    return {"evidence": note.as_dict(), "_evidence_line": note.line()} if note is not None else {}
+
+
+def _public(doc: dict) -> dict:
+    return {k: v for k, v in doc.items() if not k.startswith("_")}
 
 
 def _doc(v, profile: str, since: str) -> dict:
@@ -115,11 +145,16 @@ def _doc(v, profile: str, since: str) -> dict:
 
 def _print_verdict(g: Globals, v, host, doc: dict) -> None:
     if g.output == "json":
-        print_json(doc)
+        print_json(_public(doc))
     else:
+        from rich.text import Text
+
         from gpu_tune.views.checks import render_checks
+        from gpu_tune.views.text import printable
 
         console().print(render_checks(v, host=host))
+        if doc.get("_evidence_line"):
+            console().print(Text(printable(doc["_evidence_line"], one_line=True)), soft_wrap=True)
 
 
 def _slurm(g: Globals, fs, v, host, doc: dict, gpus, topo_doc, slurm_node: Optional[str], scontrol, *,
@@ -138,19 +173,26 @@ def _slurm(g: Globals, fs, v, host, doc: dict, gpus, topo_doc, slurm_node: Optio
         if g.output != "json":
             print(_summary(v))
         raise
-    doc = {**_doc(done.verdict, doc["profile"], doc["since"]), "slurm": {**done.as_dict(), "dry_run": dry_run}}
+    line = doc.get("_evidence_line")
+    if line:  # the Slurm line names the bundle (its notes come last in it)
+        done.notes.append(line)
+    ev = {"evidence": doc["evidence"]} if "evidence" in doc else {}
+    doc = {**_doc(done.verdict, doc["profile"], doc["since"]), **ev, "slurm": {**done.as_dict(), "dry_run": dry_run}}
     if g.output == "json":
         print_json(doc)
     else:
         print(_summary(done.verdict))
+        if done.decision.action in ("limit_reached", "put_back"):  # what slurmd logs of a failed health check
+            print(f"slurm: {done.decision.says}")
         if dry_run:
             d = done.decision
             would = (f"would {'resume' if d.action == 'resume' else 'drain'} {done.node} with Reason={d.reason!r}"
-                     if d.writes else f"would write nothing to Slurm ({d.action})")
+                     if d.writes else f"would not drain {done.node}: {done.limit.says}" if d.action == "limit_reached"
+                     and done.limit else f"would write nothing to Slurm ({d.action})")
             print(f"dry run: {would}")
     line = f"dry run, nothing written: {done.line}" if dry_run else done.line
     print(f"gpu-tune: {line}", file=sys.stderr)
-    return 0 if done.verdict.ready else 1
+    return done.exit_code
 
 
 def _summary(v) -> str:

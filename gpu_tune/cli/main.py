@@ -8,12 +8,12 @@ import sys
 
 import typer
 
-from gpu_tune.cli import cluster, health, host, judge, serve  # noqa: F401  (each module registers its commands)
+from gpu_tune.cli import cluster, evidence, health, host, judge, serve  # noqa: F401  (each module registers its commands)
 from gpu_tune.cli.app import _cx, app, set_own_command_line
 from gpu_tune.views.text import printable
 
-ORDER = ("profiles", "audit", "apply", "revert", "topology", "check", "set-healthy", "probe", "gain", "label", "run",
-         "serve", "systemd-units", "fleet")
+ORDER = ("profiles", "audit", "apply", "revert", "topology", "check", "set-healthy", "evidence", "probe", "gain",
+         "label", "run", "serve", "systemd-units", "fleet")
 app.registered_commands.sort(key=lambda c: ORDER.index(c.name) if c.name in ORDER else len(ORDER))
 
 

@@ -5,7 +5,7 @@ from typing import Annotated, Optional
 
 import typer
 
-from gpu_tune.cli.app import Device, Globals, Mode, ProfileOpt, command, own_command_line
+from gpu_tune.cli.app import Device, Globals, Mode, ProfileOpt, TaintOpt, command, own_command_line
 from gpu_tune.errors import GpuTuneError
 
 
@@ -34,6 +34,7 @@ def serve_cmd(
         "--hardware-condition", envvar="GPU_TUNE_HARDWARE_CONDITION", metavar="TYPE",
         help="Also keep this Node condition, False only on a fatal hardware fault (never on tuning or the probe): "
              "what a node auto-repair controller watches, e.g. AcceleratedHardwareReady [default: none]")] = None,
+    taint: TaintOpt = None,
 ) -> int:
     options = dict(
         root=g.root, gpu_backend=g.gpu_backend, gpu_fixture=g.gpu_fixture, policy_dir=g.policy_dir,
@@ -41,6 +42,7 @@ def serve_cmd(
         probe_interval=probe_interval, no_kube=no_kube, kubeconfig=kubeconfig, node=node,
         revert_on_exit=revert_on_exit, probe_device=probe_device.value, probe_data=probe_data,
         verbose=g.verbose, metrics_detail=metrics_detail, hardware_condition=hardware_condition or None,
+        taint=taint or None,
     )
     if own_command_line():  # the agent leaves the command line behind (gpu_tune/serve/lean.py)
         from gpu_tune.serve.lean import handoff

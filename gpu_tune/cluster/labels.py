@@ -63,12 +63,17 @@ node makes no write, restarts included (with the gain measurement on, a restart 
 the probe's images/s vary from run to run on the same node (9.8k to 15k measured) and stay in the
 metrics and ``/probe``. The value stays under :data:`MAX_SUMMARY_ANNOTATION`.
 
-Condition ``GPUHostReady`` (status ``True``/``False``) and the taint
-``gpu-tune.io/not-ready:NoSchedule``: ``taint_wanted`` is ``False`` when ready (remove it),
+Condition ``GPUHostReady`` (status ``True``/``False``) and the taint the agent owns (``taint``:
+``gpu-tune.io/not-ready:NoSchedule`` unless the profile's ``readiness.taint`` or ``--taint`` names
+another, :mod:`gpu_tune.tune.taint`): ``taint_wanted`` is ``False`` when ready (remove it),
 ``True`` when not ready and the profile puts it back (add it), ``None`` when not ready and the
 profile does not put it back (leave the node's taints as they are). In mode ``audit`` and
 ``revert`` it is always ``False``: the read-only agent never puts the taint on (whatever the
 profile says), and takes it off should an enforcing agent or an older version have left it.
+With taint handling off (``taint`` None, ``--taint off``) it is always ``None``: the condition
+alone is published and another controller (the Node Readiness Controller) owns the taint.
+A taint other than the default is recorded in the annotation ``gpu-tune.io/owned-taint``
+(``KEY:EFFECT``), so that after a change of key the former one is still known as the agent's.
 """
 
 from __future__ import annotations
@@ -82,6 +87,7 @@ from gpu_tune.judge.figures import identity as probe_identity
 from gpu_tune.judge.figures import number as _number
 from gpu_tune.judge.figures import result_of
 from gpu_tune.judge.readiness import VOLATILE_READINGS
+from gpu_tune.tune.taint import DEFAULT_EFFECT, DEFAULT_KEY, DEFAULT_TAINT, TaintSpec
 
 PREFIX = "gpu-tune.io/"
 FORBIDDEN_PREFIXES = ("nvidia.com/", "feature.node.kubernetes.io/")
@@ -102,11 +108,12 @@ ANNOTATION_TOPOLOGY = PREFIX + "topology"
 ANNOTATION_OWNED = PREFIX + "owned-labels"
 ANNOTATION_SUMMARY = PREFIX + "summary"
 ANNOTATION_DIGEST = PREFIX + "profile-digest"
+ANNOTATION_OWNED_TAINT = PREFIX + "owned-taint"  # KEY:EFFECT of a taint other than the default
 SUMMARY_VERSION = 1
 
 CONDITION_TYPE = "GPUHostReady"
-TAINT_KEY = PREFIX + "not-ready"
-TAINT_EFFECT = "NoSchedule"
+TAINT_KEY = DEFAULT_KEY  # gpu-tune.io/not-ready
+TAINT_EFFECT = DEFAULT_EFFECT
 
 MAX_LABEL_VALUE = 63
 MAX_CONDITION_MESSAGE = 1024
@@ -144,15 +151,23 @@ class NodeWant:
     # more conditions of the agent's: the hardware condition (type, status, reason, message) a
     # node auto-repair controller may watch (docs/health.md "Node auto-repair"); none by default
     more_conditions: tuple[dict[str, str], ...] = ()
+    # the taint the agent owns; None: taint handling off (the condition only)
+    taint: TaintSpec | None = DEFAULT_TAINT
+    # the evidence bundles of this verdict's hardware findings (docs/health.md "Evidence"), named in
+    # the transition's Event; ``evidence_new``: those written and not yet in an Event (an Event of
+    # their own when the condition does not change)
+    evidence: tuple[str, ...] = ()
+    evidence_new: tuple[str, ...] = ()
 
     def as_dict(self) -> dict[str, Any]:
+        wanted = {True: "present", False: "absent", None: "unchanged"}[self.taint_wanted]
         return {
             "labels": dict(sorted(self.labels.items())),
             "annotations": dict(sorted(self.annotations.items())),
             "condition": dict(self.condition),
             **({"more_conditions": [dict(c) for c in self.more_conditions]} if self.more_conditions else {}),
-            "taint": {"key": TAINT_KEY, "effect": TAINT_EFFECT,
-                      "wanted": {True: "present", False: "absent", None: "unchanged"}[self.taint_wanted]},
+            "taint": ({**self.taint.as_dict(), "wanted": wanted} if self.taint is not None
+                      else {"managed": False, "wanted": wanted}),
         }
 
 
@@ -412,6 +427,7 @@ def desired_node_state(
     hardware: tuple[str, bool, str, str] | None = None,
     off: Iterable[tuple[str, Any]] = (),
     digest: str = "",
+    taint: TaintSpec | None = DEFAULT_TAINT,
 ) -> NodeWant:
     """The labels, annotations, ``GPUHostReady`` condition and taint wish for one verdict. The
     agent and ``gpu-tune label`` come here through :func:`gpu_tune.cluster.node_state.node_want`
@@ -426,6 +442,7 @@ def desired_node_state(
     ``hardware``: (condition type, ready, reason, message) of the hardware condition, or None.
     ``off`` (the checks the profile turns off) and ``digest`` (the profile's): the operator's policy
     as the Node shows it.
+    ``taint``: the taint the agent owns, None for taint handling off (never wanted nor removed).
     """
     topology = topology if isinstance(topology, dict) else {}
     rows = _gpu_rows(gpus, topology)
@@ -473,14 +490,16 @@ def desired_node_state(
         "reason": _condition_reason(reason, ready),
         "message": (message or "").strip()[:MAX_CONDITION_MESSAGE],
     }
-    if ready or mode in ("audit", "revert"):
-        taint: bool | None = False
+    if taint is None:
+        wanted: bool | None = None
+    elif ready or mode in ("audit", "revert"):
+        wanted = False
     else:
-        taint = True if taint_when_not_ready else None
+        wanted = True if taint_when_not_ready else None
     more: tuple[dict[str, str], ...] = ()
     if hardware is not None:
         htype, hready, hreason, hmessage = hardware
         more = ({"type": htype, "status": "True" if hready else "False", "reason": _condition_reason(hreason, hready),
                  "message": (hmessage or "").strip()[:MAX_CONDITION_MESSAGE]},)
-    return NodeWant(labels=labels, annotations=annotations, condition=condition, taint_wanted=taint,
-                    more_conditions=more)
+    return NodeWant(labels=labels, annotations=annotations, condition=condition, taint_wanted=wanted,
+                    more_conditions=more, taint=taint)

@@ -17,15 +17,15 @@ from typing import Any
 
 from gpu_tune.cluster.labels import (
     ANNOTATION_OWNED,
+    ANNOTATION_OWNED_TAINT,
     CONDITION_TYPE,
     FORBIDDEN_PREFIXES,
     PREFIX,
-    TAINT_EFFECT,
-    TAINT_KEY,
     NodeWant,
     is_valid_label_value,
 )
 from gpu_tune.timestamps import parse_rfc3339
+from gpu_tune.tune.taint import DEFAULT_TAINT
 
 GPU_RESOURCE = "nvidia.com/gpu"  # the NVIDIA device plugin's extended resource
 # Labels others put on a Node that has NVIDIA GPUs: node-feature-discovery (PCI vendor 10de) and
@@ -82,8 +82,43 @@ def now_rfc3339() -> str:
     return time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime())
 
 
-def _is_ours(t: Any) -> bool:
-    return isinstance(t, dict) and t.get("key") == TAINT_KEY and t.get("effect") == TAINT_EFFECT
+def _ident(t: Any) -> str | None:
+    return f"{t.get('key')}:{t.get('effect')}" if isinstance(t, dict) else None
+
+
+def _plan_taints(taints: list[Any], annotations: dict[str, Any], want: NodeWant, former: bool,
+                 changed: list[str]) -> tuple[list[Any] | None, dict[str, Any]]:
+    """The taint list to write (None: as it is) and the owned-taint record's patch.
+
+    Only the agent's own taints are touched, each known by key and effect: the one it owns now
+    (``want.taint``: added or removed as ``want.taint_wanted`` says), the default
+    ``gpu-tune.io/not-ready:NoSchedule`` when another is owned now (gpu-tune's own prefix: nobody
+    else's), and the one recorded in ``gpu-tune.io/owned-taint`` by an earlier configuration
+    (``former`` False: left, the admission policy refused its removal). Both former ones go
+    whatever the verdict: after a change of key the node carries the new one or none."""
+    spec = want.taint
+    if spec is None:  # taint handling off: the condition only
+        return None, {}
+    recorded = str(annotations.get(ANNOTATION_OWNED_TAINT) or "") or None
+    gone = {DEFAULT_TAINT.ident, *([recorded] if recorded and former else [])} - {spec.ident}
+    keep = [t for t in taints if _ident(t) not in gone]
+    for t in taints:
+        if _ident(t) in gone:
+            changed.append(f"taint {_ident(t)} removed (a former key of gpu-tune's)")
+    have = any(spec.matches(t) for t in keep)
+    if want.taint_wanted is True and not have:
+        keep.append(spec.as_taint())
+        changed.append(f"taint {spec.ident} added")
+    elif want.taint_wanted is False and have:
+        keep = [t for t in keep if not spec.matches(t)]
+        changed.append(f"taint {spec.ident} removed")
+    record = None if spec.ident == DEFAULT_TAINT.ident else spec.ident
+    patch: dict[str, Any] = {}
+    if recorded != record:
+        patch[ANNOTATION_OWNED_TAINT] = record
+        changed.append(f"annotation {ANNOTATION_OWNED_TAINT} " + ("removed" if record is None else
+                                                                   "updated" if recorded else "added"))
+    return (keep if keep != taints else None), patch
 
 
 def find_condition(node: dict[str, Any], ctype: str = CONDITION_TYPE) -> dict[str, Any] | None:
@@ -100,9 +135,10 @@ def _age_s(stamp: Any, now_ts: float) -> float | None:
 
 
 def plan_node(node: dict[str, Any], want: NodeWant, now: str | None = None, *,
-              heartbeat_s: float | None = None, now_ts: float | None = None) -> NodePlan:
+              heartbeat_s: float | None = None, now_ts: float | None = None, former: bool = True) -> NodePlan:
     """Diff the Node as read against what is wanted. Writes only what differs, and the condition
-    again when its ``lastHeartbeatTime`` is ``heartbeat_s`` old (None: never)."""
+    again when its ``lastHeartbeatTime`` is ``heartbeat_s`` old (None: never). ``former`` False
+    leaves the taint of an earlier configuration (:func:`_plan_taints`)."""
     now = now or now_rfc3339()
     meta = node.get("metadata") or {}
     labels = meta.get("labels") or {}
@@ -140,14 +176,8 @@ def plan_node(node: dict[str, Any], want: NodeWant, now: str | None = None, *,
             changed.append(f"annotation {k} {'updated' if k in annotations else 'added'}")
 
     taints = list((node.get("spec") or {}).get("taints") or [])
-    new_taints: list[Any] | None = None
-    have = any(_is_ours(t) for t in taints)
-    if want.taint_wanted is True and not have:
-        new_taints = taints + [{"key": TAINT_KEY, "effect": TAINT_EFFECT}]
-        changed.append(f"taint {TAINT_KEY}:{TAINT_EFFECT} added")
-    elif want.taint_wanted is False and have:
-        new_taints = [t for t in taints if not _is_ours(t)]
-        changed.append(f"taint {TAINT_KEY}:{TAINT_EFFECT} removed")
+    new_taints, record = _plan_taints(taints, annotations, want, former, changed)
+    ann_patch.update(record)
 
     patch: dict[str, Any] | None = None
     if label_patch or ann_patch or new_taints is not None:

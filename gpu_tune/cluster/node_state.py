@@ -67,23 +67,39 @@ def node_want(v: Any, *, profile: Any, mode: str, topology: Mapping[str, Any] | 
               gpus: Sequence[Mapping[str, Any]] | None, driver_version: str | None,
               cuda_driver_version: str | None = None, audit: Mapping[str, Any] | None = None,
               probes: Sequence[Mapping[str, Any]] | None = None, gain: Mapping[str, Any] | None = None,
-              hardware_condition: str | None = None) -> NodeWant:
+              hardware_condition: str | None = None, taint: Any = None) -> NodeWant:
     """What the Node should carry for the verdict ``v`` (a :class:`~gpu_tune.judge.readiness.Verdict`)
     of a pass in ``mode`` (:attr:`ModeChoice.mode`) for ``profile`` (a loaded profile: its name and
     ``readiness.taint``). ``cuda_driver_version`` fills the topology's when it has none.
     ``hardware_condition``: the type of the hardware-only condition to keep (docs/health.md "Node
-    auto-repair"), None for none."""
+    auto-repair"), None for none. ``taint``: the run's :class:`~gpu_tune.tune.taint.TaintPlan`
+    (:func:`taint_plan`); None: the profile's ``readiness.taint`` alone."""
+    from gpu_tune.tune.taint import resolve
+
     topo = dict(topology or {})
     if topo.get("cuda_driver_version") is None:
         topo["cuda_driver_version"] = cuda_driver_version
     readiness = getattr(profile, "readiness", None)
+    plan = taint if taint is not None else resolve(getattr(readiness, "taint", True), None)
     return desired_node_state(profile=getattr(profile, "name", str(profile)), ready=v.ready, reason=v.reason(),
                               message=v.message(), topology=topo, gpus=list(gpus or []),
                               driver_version=driver_version,
-                              taint_when_not_ready=bool(getattr(readiness, "taint", True)),
+                              taint_when_not_ready=plan.put_back, taint=plan.spec,
                               checks=v.checks, audit=audit, probes=probes, mode=mode, gain=gain,
                               hardware=hardware(hardware_condition, v), off=getattr(v, "off", ()),
                               digest=getattr(getattr(v, "policy", None), "digest", ""))
+
+
+def taint_plan(profile: Any, option: str | None, where: str = "--taint") -> Any:
+    """The run's :class:`~gpu_tune.tune.taint.TaintPlan` from the profile's ``readiness.taint`` and
+    the ``--taint`` option (``GPU_TUNE_TAINT``); InputError naming the option when it does not parse."""
+    from gpu_tune.errors import InputError
+    from gpu_tune.tune.taint import resolve
+
+    try:
+        return resolve(getattr(getattr(profile, "readiness", None), "taint", True), option)
+    except ValueError as exc:
+        raise InputError(f"{where} {option!r}: {exc}") from None
 
 
 def hardware(ctype: str | None, v: Any) -> tuple[str, bool, str, str] | None:

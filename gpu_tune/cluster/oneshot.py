@@ -24,12 +24,12 @@ log = logging.getLogger("gpu_tune")
 
 
 def label_once(g: Any, *, profile: str, node: str | None, kubeconfig: str | None, dry_run: bool,
-               mode: str = "audit") -> int:
+               mode: str = "audit", taint: str | None = None) -> int:
     from gpu_tune.tune import engine
     from gpu_tune.gpu import select_backend
     from gpu_tune.host.fs import HostFS
     from gpu_tune.cluster.publisher import make_publisher
-    from gpu_tune.cluster.node_state import choose_mode, node_want
+    from gpu_tune.cluster.node_state import choose_mode, node_want, taint_plan
     from gpu_tune.errors import GpuTuneError
     from gpu_tune.tune.policy import load_profile
     from gpu_tune.judge.readiness import verdict
@@ -41,6 +41,9 @@ def label_once(g: Any, *, profile: str, node: str | None, kubeconfig: str | None
 
     prof = load_profile(profile, g.policy_dir)
     policy = policy_of(prof)
+    owned_taint = taint_plan(prof, taint)
+    if owned_taint.note:
+        log.warning("%s", owned_taint.note)
     fs = HostFS(g.root)
     backend = select_backend(g.gpu_backend, g.gpu_fixture)
     errors: dict[str, str] = {}
@@ -87,7 +90,7 @@ def label_once(g: Any, *, profile: str, node: str | None, kubeconfig: str | None
         pre = verdict(**judge, pending_publish=True)
         want = node_want(pre, profile=prof, mode=choice.mode, topology=topo_doc, gpus=gpus,
                          driver_version=backend.driver_version(), cuda_driver_version=backend.cuda_driver_version(),
-                         audit=report, probes=probes)
+                         audit=report, probes=probes, taint=owned_taint)
         result = publisher.publish(want, dry_run=dry_run)
     finally:
         publisher.close()

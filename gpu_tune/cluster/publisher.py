@@ -9,14 +9,19 @@ off; in-cluster service account (``KUBERNETES_SERVICE_HOST`` and the token file)
 
 One pass (:meth:`KubePublisher.publish`):
 
-1. ``GET`` the Node (the only read of a steady pass).
+1. ``GET`` the Node (the only read of a steady pass on a node with the device plugin's
+   ``nvidia.com/gpu`` capacity). A Node without it: one ``LIST`` of its ResourceSlices of NVIDIA's
+   DRA driver as well (:mod:`gpu_tune.cluster.dra`), once a pass, whatever else the pass reads.
 2. Diff (pure, :func:`~gpu_tune.cluster.node_diff.plan_node`): owned labels and annotations, stale owned labels (recorded in
    ``gpu-tune.io/owned-labels``; labels not recorded there are never touched), the
-   ``gpu-tune.io/not-ready:NoSchedule`` taint.
+   taint it owns (``gpu-tune.io/not-ready:NoSchedule`` unless configured otherwise,
+   :mod:`gpu_tune.tune.taint`), and a former one of its own after a change of key.
 3. When something differs: one JSON merge patch of ``metadata`` + ``spec.taints`` carrying the
    ``metadata.resourceVersion`` just read. A merge patch replaces the taint list whole, so the
    list sent is the one read with only our taint added or removed; should another writer have
-   changed the Node since, the server answers 409 and the pass reads again and re-plans.
+   changed the Node since, the server answers 409 and the pass reads again and re-plans. Should
+   the admission policy refuse the removal of a former key (one the release's policy was not told
+   of), the patch is planned again without it, once per process, and the taint is left.
 4. When the ``GPUHostReady`` condition's status, reason or message differ: one strategic merge
    patch of ``nodes/status`` (conditions merge by ``type``, so the kubelet's are untouched).
    ``lastTransitionTime`` moves only when the status flips; ``lastHeartbeatTime`` is the time
@@ -61,6 +66,7 @@ from gpu_tune.cluster.api import (
     in_cluster,
     node_path,
 )
+from gpu_tune.cluster.dra import DRIVER, GROUP, SLICES_PATH, DraCount, count_gpus, list_node_slices
 from gpu_tune.cluster.labels import NodeWant
 from gpu_tune.cluster.node_diff import (
     MODE_LABEL,
@@ -75,6 +81,7 @@ from gpu_tune.errors import InputError
 
 log = logging.getLogger("gpu_tune.kube")
 
+EVIDENCE_REASON = "GPUHostEvidence"  # an Event naming an evidence bundle written while the condition stays
 # Where an Event about a Node can live: kube-apiserver validates a core/v1 Event about a
 # cluster-scoped object (involvedObject.namespace "") only in "default" (or, with an eventTime,
 # "kube-system"), whatever namespace the agent itself runs in. The kubelet's Node events are there.
@@ -107,6 +114,10 @@ class PublishResult:
     # the Node's gpu-tune.io/set-healthy label: a new value clears this boot's fatal XIDs
     # (docs/health.md), as `gpu-tune set-healthy` does on the node
     set_healthy: str | None = None
+    # a Node without nvidia.com/gpu capacity: its GPUs in NVIDIA's DRA driver's ResourceSlices
+    # (None: not looked at, or the resource.k8s.io/v1 API is not served), or why they could not be listed
+    dra: DraCount | None = None
+    dra_error: str | None = None
 
     def as_check(self) -> dict[str, Any]:
         return {"name": "publish", "ok": self.ok, "detail": self.detail}
@@ -116,7 +127,8 @@ class PublishResult:
                 "changed": list(self.changed), "node_read": self.node_read,
                 "gpu_capacity": self.gpu_capacity, "gpu_allocatable": self.gpu_allocatable,
                 "gpu_expected": list(self.gpu_expected), "mode_request": self.mode_request,
-                "condition_status": self.condition_status, "set_healthy": self.set_healthy}
+                "condition_status": self.condition_status, "set_healthy": self.set_healthy,
+                "dra": self.dra.as_dict() if self.dra is not None else None, "dra_error": self.dra_error}
 
 
 class Publisher(Protocol):
@@ -173,6 +185,7 @@ class _Pass:
     changed: list[str] = field(default_factory=list)
     node: dict[str, Any] | None = None  # the Node as last read this pass
     first: dict[str, Any] | None = None  # the Node as first read this pass (before our writes)
+    dra: tuple[bool, DraCount | None, str | None] = (False, None, None)  # (looked, count, error)
 
     def result(self, ok: bool, detail: str) -> PublishResult:
         node = self.node
@@ -182,12 +195,14 @@ class _Pass:
         node_labels = (node.get("metadata") or {}).get("labels") or {}
         mode = node_labels.get(MODE_LABEL)
         clear = node_labels.get(SET_HEALTHY_LABEL)
+        _, dra, dra_error = self.dra
+        why = gpu_expected(node) + ((f"ResourceSlices of {DRIVER}: {dra.gpus} GPU(s)",) if dra and dra.gpus else ())
         return PublishResult(writes=self.writes, changed=self.changed, ok=ok, detail=detail, reads=self.reads,
                              node_read=True, gpu_capacity=resource_count(node, "capacity"),
-                             gpu_allocatable=resource_count(node, "allocatable"), gpu_expected=gpu_expected(node),
+                             gpu_allocatable=resource_count(node, "allocatable"), gpu_expected=why,
                              mode_request=str(mode) if mode is not None else None,
                              condition_status=None if cond is None else str(cond.get("status")),
-                             set_healthy=str(clear) if clear else None)
+                             set_healthy=str(clear) if clear else None, dra=dra, dra_error=dra_error)
 
 
 class KubePublisher:
@@ -232,6 +247,8 @@ class KubePublisher:
         self._lock = threading.Lock()
         self._pending_event: dict[str, Any] | None = None
         self._prefetched: dict[str, Any] | None = None  # read() just before a publish(): reused once
+        self._prefetched_dra: tuple[bool, DraCount | None, str | None] = (False, None, None)
+        self._former_refused = False  # the admission policy refused removing a former taint key
         self._read_failed: str | None = None  # ... or why that read failed (retries spent already)
 
     def describe(self) -> str:
@@ -247,7 +264,9 @@ class KubePublisher:
             pass
 
     # -- HTTP with retries -------------------------------------------------------------------
-    def _call(self, ctx: _Pass, verb: str, resource: str, fn: Callable[[], Any], *, write: bool) -> dict[str, Any]:
+    def _call(self, ctx: _Pass, verb: str, resource: str, fn: Callable[[], Any], *, write: bool,
+              raw: frozenset[int] = frozenset()) -> dict[str, Any]:
+        """``fn()``'s JSON, with retries; an answer whose status is in ``raw`` is raised as is."""
         deadline = time.monotonic() + self._budget
         last = ""
         for attempt in range(1, self._attempts + 1):
@@ -260,6 +279,8 @@ class KubePublisher:
                 return json.loads(fn() or b"{}")
             except ApiError as exc:
                 status = exc.status
+                if status in raw:
+                    raise
                 if status == 409 and resource.startswith("nodes"):
                     raise _Conflict() from None
                 if status == 409 and resource == "events":
@@ -269,9 +290,10 @@ class KubePublisher:
                 if status == 403:
                     where = (f"a Role rule in namespace {self._event_ns}" if resource == "events"
                              else "a ClusterRole rule")
+                    group = GROUP if resource == "resourceslices" else ""
                     raise _Failed(
                         f"forbidden: may not {verb} {resource} ({exc.message}); grant the agent's "
-                        f'service account {where} apiGroups: [""], resources: ["{resource}"], '
+                        f'service account {where} apiGroups: ["{group}"], resources: ["{resource}"], '
                         f'verbs: ["{verb}"]') from None
                 if status == 401:
                     raise _Failed(f"unauthorized: the API server rejected the credentials ({exc.message})") from None
@@ -295,7 +317,28 @@ class KubePublisher:
         ctx.node = node
         if ctx.first is None:
             ctx.first = node
+        if not ctx.dra[0] and resource_count(node, "capacity") is None:
+            ctx.dra = self._count_dra(ctx)
         return node
+
+    def _count_dra(self, ctx: _Pass) -> tuple[bool, DraCount | None, str | None]:
+        """This Node's GPUs in NVIDIA's DRA driver's ResourceSlices (a Node without the device
+        plugin's capacity): one list a pass. A server without ``resource.k8s.io/v1`` (404):
+        none; a refused or failed list: the reason, for ``gpu.allocatable`` to report."""
+
+        def fetch(query: list[tuple[str, Any]]) -> dict[str, Any]:
+            return self._call(ctx, "list", "resourceslices", lambda: self._api.request(
+                "GET", SLICES_PATH, query=query, timeout=self._timeout), write=False, raw=frozenset({404}))
+
+        try:
+            slices, truncated = list_node_slices(fetch, self.node)
+        except _Failed as f:
+            return True, None, f.detail
+        except ApiError as exc:
+            if exc.status == 404:
+                return True, None, None
+            return True, None, f"list resourceslices: HTTP {exc.status}: {exc.message}"
+        return True, count_gpus(slices, self.node, truncated=truncated), None
 
     def read(self) -> PublishResult:
         """One read of the Node, no write: the facts a verdict needs before it is published
@@ -308,6 +351,7 @@ class KubePublisher:
             self._prefetched = self._read_failed = None
             try:
                 self._prefetched = self._read_node(ctx)
+                self._prefetched_dra = ctx.dra
                 return ctx.result(True, f"node {self.node} read")
             except _Failed as f:
                 self._read_failed = f.detail
@@ -344,16 +388,17 @@ class KubePublisher:
             node = self._read_node(ctx)
         else:  # read by read() at the start of this pass; a stale one is caught by the 409 below
             ctx.node = ctx.first = node
+            ctx.dra = self._prefetched_dra
         if dry_run:
             plan = plan_node(node, want, heartbeat_s=self._heartbeat)
             ctx.changed.extend(plan.changed)
-            if plan.transition:
-                ctx.changed.append(f"event {self._event_reason(want)}")
+            if plan.transition or want.evidence_new:
+                ctx.changed.append(f"event {self._event_reason(want) if plan.transition else EVIDENCE_REASON}")
             return f"dry run: {len(plan.changed)} change(s) for node {self.node}"
 
         skipped: list[str] = []
         for attempt in range(1, self._conflict_attempts + 1):
-            plan = plan_node(node, want, heartbeat_s=self._heartbeat)
+            plan = plan_node(node, want, heartbeat_s=self._heartbeat, former=not self._former_refused)
             skipped = plan.skipped
             if plan.metadata_patch is None:
                 break
@@ -365,6 +410,14 @@ class KubePublisher:
                     content_type=MERGE_PATCH, timeout=self._timeout), write=True)
             except _Conflict:
                 node = self._read_node(ctx)
+                continue
+            except _Failed as f:
+                if self._former_refused or "refused by admission" not in f.detail or \
+                        plan_node(node, want, former=False).metadata_patch == plan.metadata_patch:
+                    raise
+                # the release's policy does not let it remove the former key: left, once said
+                log.warning("node %s: a former taint key of gpu-tune's is left on the Node: %s", self.node, f.detail)
+                self._former_refused = True
                 continue
             ctx.changed.extend(c for c in plan.changed if not c.startswith("condition "))
             break
@@ -390,6 +443,8 @@ class KubePublisher:
         else:
             raise _Failed(f"patch nodes/status: still conflicting after {self._conflict_attempts} attempts")
 
+        if self._pending_event is None and want.evidence_new:  # evidence without a transition: its own Event
+            self._pending_event = self._event_body(want, node, EVIDENCE_REASON)
         if self._pending_event is not None:
             ev = self._pending_event
             self._call(ctx, "create", "events", lambda: self._api.request(
@@ -407,11 +462,15 @@ class KubePublisher:
     def _event_reason(want: NodeWant) -> str:
         return "GPUHostReady" if want.condition.get("status") == "True" else "GPUHostNotReady"
 
-    def _event_body(self, want: NodeWant, node: dict[str, Any]) -> dict[str, Any]:
+    def _event_body(self, want: NodeWant, node: dict[str, Any], reason: str = "") -> dict[str, Any]:
         now = now_rfc3339()
-        ready = want.condition.get("status") == "True"
-        reason = self._event_reason(want)
+        ready = want.condition.get("status") == "True" and not reason
+        reason = reason or self._event_reason(want)
         message = f"{want.condition.get('reason', '')}: {want.condition.get('message', '')}".strip(": ")
+        if want.evidence:  # the bundles kept on the node, before the message's own words are cut
+            more = len(want.evidence) - 3
+            shown = ", ".join(want.evidence[:3]) + (f" and {more} more" if more > 0 else "")
+            message = f"evidence: {shown}; {message[:1024 - len(shown) - 12]}"
         return {
             "apiVersion": "v1",
             "kind": "Event",

@@ -14,6 +14,41 @@ from gpu_tune.host.files import KERNEL_FS_MAGIC, O_WRITE, TEMP_RE, fs_magic
 from gpu_tune.host.resolve import O_CLOEXEC
 
 
+def replace_at(dfd: int, name: str, data: bytes, mode: int = 0o644) -> None:
+    """Create or replace the file ``name`` in the folder ``dfd`` crash-safely: a temporary file
+    beside it (``.NAME.HEX``, never through a link), written, synced, renamed over it, the folder
+    synced; on an error the temporary file is removed. Raises OSError."""
+    tmp = ""
+    try:
+        for _ in range(100):
+            tmp = f".{name}.{os.urandom(6).hex()}"
+            try:
+                fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW | O_CLOEXEC, 0o600, dir_fd=dfd)
+                break
+            except FileExistsError:
+                continue
+        else:  # pragma: no cover
+            tmp = ""
+            raise OSError(errno.EEXIST, "no free temporary name")
+        try:
+            view = memoryview(data)
+            while view:
+                view = view[os.write(fd, view):]
+            os.fsync(fd)
+            os.fchmod(fd, mode)
+        finally:
+            os.close(fd)
+        os.replace(tmp, name, src_dir_fd=dfd, dst_dir_fd=dfd)
+        tmp = ""
+        os.fsync(dfd)
+    finally:
+        if tmp:
+            try:
+                os.unlink(tmp, dir_fd=dfd)
+            except OSError:
+                pass
+
+
 class HostWrites:
     """The writing half of HostFS; it uses the reading half's ``_open``, ``_rel``, ``_error``,
     ``_kind_at`` and ``_one_name``."""
@@ -96,7 +131,6 @@ class HostWrites:
             raise HostError(f"{host_path}: not a file")
         parent, _, name = rel.rpartition("/")
         dfd = self._dir_for_write("/" + parent, create=True, for_path=host_path)
-        tmp = ""
         try:
             try:
                 st = os.stat(name, dir_fd=dfd, follow_symlinks=False)
@@ -110,35 +144,10 @@ class HostWrites:
                 raise HostError(f"{host_path}: is a directory, expected a file", errno.EISDIR)
             if st is not None:
                 self._one_name(host_path, st)
-            for _ in range(100):
-                tmp = f".{name}.{os.urandom(6).hex()}"
-                try:
-                    fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW | O_CLOEXEC,
-                                 0o600, dir_fd=dfd)
-                    break
-                except FileExistsError:
-                    continue
-            else:  # pragma: no cover
-                raise OSError(errno.EEXIST, "no free temporary name")
-            try:
-                view = memoryview(data)
-                while view:
-                    view = view[os.write(fd, view):]
-                os.fsync(fd)
-                os.fchmod(fd, mode)
-            finally:
-                os.close(fd)
-            os.replace(tmp, name, src_dir_fd=dfd, dst_dir_fd=dfd)
-            tmp = ""
-            os.fsync(dfd)
+            replace_at(dfd, name, data, mode)
         except OSError as exc:
             raise self._error(host_path, exc, write=True) from None
         finally:
-            if tmp:
-                try:
-                    os.unlink(tmp, dir_fd=dfd)
-                except OSError:
-                    pass
             os.close(dfd)
 
     def open_lock_file(self, host_path: str) -> int:

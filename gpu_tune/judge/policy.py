@@ -18,6 +18,8 @@ What a key of ``readiness.checks`` names, most precise first:
 
 ``off``: not evaluated (a family whose every check is off is not run) and said once in the
 verdict. What each XID weighs is :class:`~gpu_tune.judge.checks.xid_policy.XidPolicy`'s, built here.
+The profile's ``readiness.max_out_of_service`` rides along (:attr:`Policy.limit`): a decision about
+the fleet, not the node, which the schedulers' adapters ask :mod:`gpu_tune.judge.fleet_limit` about.
 """
 
 from __future__ import annotations
@@ -32,6 +34,7 @@ from gpu_tune.errors import InputError
 from gpu_tune.judge.checks import REGISTRY, Check
 from gpu_tune.judge.checks.catalog import catalog
 from gpu_tune.judge.checks.xid_policy import CATALOG, XidPolicy
+from gpu_tune.tune.readiness import DEFAULT_OUT_OF_SERVICE, OutOfService, parse_out_of_service
 
 BY_CATALOG = "catalog"
 OFF = "off"
@@ -72,6 +75,8 @@ class Policy:
     digest: str = ""  # sha256 of the profile as loaded (includes merged): nodes on different policies differ
     rules: Mapping[str, Weight] = field(default_factory=dict)  # readiness.checks key -> weight
     xid: XidPolicy = CATALOG
+    # readiness.max_out_of_service: the most nodes gpu-tune holds out of service at once
+    limit: OutOfService = field(default_factory=lambda: parse_out_of_service(DEFAULT_OUT_OF_SERVICE))
 
     def weight(self, name: str, default: str) -> Weight:
         """The weight of the check ``name`` whose family gives it ``default``."""
@@ -170,4 +175,5 @@ def _build(profile: Any, readiness: Any) -> Policy:
                              f"boots already escalates to inspect_hw); to change its action write {code}: ACTION")
         by[code] = f"profile {name}: readiness.xid.{code}{inc}"
     return Policy(profile=name, digest=digest_of(profile), rules=rules,
-                  xid=XidPolicy(dict(readiness.xid or {}), by, name, files))
+                  xid=XidPolicy(dict(readiness.xid or {}), by, name, files),
+                  limit=getattr(readiness, "max_out_of_service", None) or Policy().limit)

@@ -1,7 +1,8 @@
 """The agent's loop (:class:`Agent`): the flow on an interval, and the probe in a thread of its own.
 
 Each pass: discover -> GPUs -> audit (mode ``audit``) or re-apply drift (mode ``enforce``, at most
-once per ``enforce_min_interval`` per setting) -> verdict -> publish -> snapshot. Intervals carry
+once per ``enforce_min_interval`` per setting) -> verdict -> evidence (a hardware fault seen first:
+gpu_tune.judge.evidence) -> publish -> snapshot. Intervals carry
 +-10 % jitter, and the one after the first publish is drawn over the whole interval
 (:func:`pass_wait`: agents started together by a rollout do not keep passing together). The probe runs in its own thread (it spawns its own process), at start, every
 ``probe interval`` and whenever the GPU set, the driver version or the boot id changes, so
@@ -39,6 +40,7 @@ from gpu_tune.serve.memory import release
 from gpu_tune.serve.reapply import ReapplyLimit
 from gpu_tune.serve.snapshot import AgentState, CollectorStatus, Snapshot
 from gpu_tune.serve.stages import Stages, field_of, error_reason, as_doc
+from gpu_tune.serve.timing import pass_wait
 
 log = logging.getLogger("gpu_tune")
 
@@ -60,22 +62,6 @@ class _ProbeState:
     error: str | None = None
     status: CollectorStatus | None = None
     runs: int = 0
-
-
-def pass_wait(rng: random.Random, interval: float, jitter: float, *, after_first_publish: bool = False) -> float:
-    """Seconds from the end of one pass to the start of the next: ``interval`` +- ``jitter``
-    (a fraction); after the pass that made this agent's first publish (``after_first_publish``),
-    anything from 0 to ``interval``, uniformly. Agents a rollout started together (and whose first
-    publish waited for probes of about the same length) would otherwise keep passing together: +-10 %
-    a pass spreads them by only 3.5 s (at a 60 s interval) times the square root of the passes
-    made, so a change every node sees at once (a label set on every Node, a shared dependency
-    failing) would reach the API server from the whole fleet within a few seconds. The uniform
-    wait spreads the fleet's passes over the interval from then on, at no cost (it never waits
-    longer). benchmarks/bench_fleet_scale.py replays a fleet's passes with this function
-    (docs/fleet.md, "Cost")."""
-    if after_first_publish:
-        return rng.uniform(0.0, interval)
-    return interval * (1 + rng.uniform(-jitter, jitter))
 
 
 class Agent:
@@ -314,13 +300,14 @@ class Agent:
                      revert=self._revert if choice.judged == "revert" else None,
                      host=self._host_health, history=self._health_view, expect=self._expect)
         pre = verdict(**judge, pending_publish=True)
+        evidence = self._keep_evidence(pre, statuses, until)
         driver = (identity or {}).get("driver_version")
         if self._holding_first_publish(probe):
             pub, st = None, CollectorStatus("publish", True, 0.0)
             wait = self.first_publish_max_wait - (self.monotonic() - (self._started_at or 0.0))
             log.info("first publish waits for the first probe verdict (at most %.0fs more)", max(wait, 0.0))
         else:
-            extra = {"gain": self._gain} if self._gain is not None else {}
+            extra = {k: v for k, v in (("gain", self._gain), ("evidence", evidence)) if v is not None}
             pub, st = self._run("publish", lambda: self.stages.publish(
                 pre, self._topology_doc, self._gpus, driver, audit=self._audit, probes=probes, mode=mode,
                 **extra), until)
@@ -348,9 +335,20 @@ class Agent:
             mode=mode, agent_ready=agent_ready, agent_ready_detail=agent_detail, audit=self._audit, topology=self._topology_doc, gpus=self._gpus, probes=probes,
             probe_last_success=dict(probe.last_success), collectors=statuses,
             metrics_detail=self.metrics_detail, gain=self._gain, host=self._host_health, history=self._health_view,
+            evidence=evidence.as_dict() if evidence is not None else None,
         )
         self.state.publish(snap)
         return snap
+
+    def _keep_evidence(self, v: Verdict, statuses: list[CollectorStatus], until: float) -> Any:
+        """The evidence of a hardware finding that first appears (gpu_tune.judge.evidence), kept
+        before the verdict is published; its failure is a collector's, never the verdict's."""
+        if self.stages.evidence is None:
+            return None
+        got, st = self._run("evidence", lambda: self.stages.evidence(v, self._gpus, self._topology_doc,
+                                                                      self._health_view), until)
+        statuses.append(st)
+        return got
 
     # -- mode, Node facts, the pod's own readiness -----------------------------------------------
     def _note_facts(self, facts: Any) -> None:

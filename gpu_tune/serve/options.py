@@ -40,6 +40,8 @@ class ServeOptions:
     # a second Node condition, False only on a fatal hardware fault, for node auto-repair
     # (docs/health.md); None: not written
     hardware_condition: str | None = None
+    # the startup taint the agent owns (KEY[=VALUE]:EFFECT, or "off"); None: the profile's readiness.taint
+    taint: str | None = None
 
     def validate(self) -> None:
         if self.mode not in MODES:
@@ -58,3 +60,10 @@ class ServeOptions:
         if hc is not None and (not CONDITION_TYPE_RE.fullmatch(hc) or hc in RESERVED_CONDITIONS):
             raise InputError(f"--hardware-condition {hc!r}: expected a condition type in CamelCase (e.g. "
                              f"AcceleratedHardwareReady), not one of {', '.join(RESERVED_CONDITIONS)}")
+        if self.taint is not None:
+            from gpu_tune.tune.taint import parse_option
+
+            try:
+                parse_option(self.taint)
+            except ValueError as exc:
+                raise InputError(f"--taint {self.taint!r}: {exc}") from None

@@ -63,6 +63,9 @@ class Snapshot:
     # the health readings of the pass (docs/health.md): host files, and what is remembered
     host: Any = None
     history: Any = None
+    # the evidence of this pass's hardware findings (docs/health.md "Evidence"): /readiness's
+    # ``evidence``, there only when a finding keeps some or it could not be kept
+    evidence: Mapping[str, Any] | None = None
     # pre-rendered bodies
     readiness_body: bytes = b""
     metrics_body: bytes = b""
@@ -80,7 +83,7 @@ class Snapshot:
         return {"ready": self.verdict.ready, "node": self.node, "profile": self.profile,
                 "reason": self.verdict.reason(), "message": self.verdict.message(),
                 "checks": [c.as_dict() for c in self.verdict.checks], "since": rfc3339(self.since),
-                **self.verdict.policy_doc()}
+                **self.verdict.policy_doc(), **({"evidence": dict(self.evidence)} if self.evidence else {})}
 
     @classmethod
     def build(cls, **kw: Any) -> "Snapshot":

@@ -82,6 +82,10 @@ class Stages:
     # GPUs again at the pass's first ask and answers its other asks from that reading
     # (gpu_tune.gpu.per_pass). None: every ask reads.
     next_pass: Callable[[], None] | None = None
+    # ``evidence(verdict, gpu_docs, topology_doc, view) -> EvidenceNote | None``: the evidence of a
+    # hardware finding that first appears (gpu_tune.judge.evidence), before the verdict is published
+    # (the Event names it). None: none kept. Its failure is a collector's, never the verdict's.
+    evidence: Callable[..., Any] | None = None
 
 
 def default_stages(options: ServeOptions) -> Stages:
@@ -89,16 +93,21 @@ def default_stages(options: ServeOptions) -> Stages:
     from gpu_tune.tune import engine
     from gpu_tune.gpu import select_backend
     from gpu_tune.host.fs import HostFS
-    from gpu_tune.cluster.node_state import node_want
+    from gpu_tune.cluster.node_state import node_want, taint_plan
     from gpu_tune.tune.policy import default_policy_dir, load_profile
     from gpu_tune.errors import InputError
     from gpu_tune.judge.probe.saved import load_probe_results, save_probe_results
 
     from gpu_tune.judge.policy import policy_of
+    from gpu_tune.judge.evidence import settings_from_env as evidence_settings
 
     fs = HostFS(options.root)
     profile = load_profile(options.profile, options.policy_dir)
     policy = policy_of(profile)  # the operator's policy checked whole before anything runs
+    taint = taint_plan(profile, options.taint)
+    if taint.note:
+        log.warning("%s", taint.note)
+    settings = evidence_settings()  # the evidence's bounds (GPU_TUNE_EVIDENCE_*), checked as well
     backend = select_backend(options.gpu_backend, options.gpu_fixture)
     log.info("GPU backend %s: %s", getattr(backend, "name", "?"), getattr(backend, "reason", ""))
     node = node_name(options.node)
@@ -168,12 +177,24 @@ def default_stages(options: ServeOptions) -> Stages:
             log.warning("probe results not saved for `gpu-tune label`: %s", err)
         return verdicts
 
+    unannounced: list[str] = []  # bundles written and not yet in an Event (a publish that failed)
+
     def publish(v: Verdict, topology_doc, gpu_docs, driver_version, *, audit=None, probes=None, mode="enforce",
-                gain=None):
+                gain=None, evidence=None):
         want = node_want(v, profile=profile, mode=mode, topology=topology_doc, gpus=gpu_docs,
                          driver_version=driver_version, cuda_driver_version=backend.cuda_driver_version(),
-                         audit=audit, probes=probes, gain=gain, hardware_condition=options.hardware_condition)
-        return publisher.publish(want)
+                         audit=audit, probes=probes, gain=gain, hardware_condition=options.hardware_condition,
+                         taint=taint)
+        if evidence is not None:  # the Event names the bundles (docs/health.md "Evidence")
+            import dataclasses
+
+            if evidence.new_path and evidence.new_path not in unannounced:
+                unannounced.append(evidence.new_path)
+            want = dataclasses.replace(want, evidence=evidence.paths, evidence_new=tuple(unannounced))
+        got = publisher.publish(want)
+        if getattr(got, "ok", False):
+            unannounced.clear()
+        return got
 
     def revert():
         return engine.revert(engine.make_context(fs, profile, backend))
@@ -194,6 +215,20 @@ def default_stages(options: ServeOptions) -> Stages:
         if "b" not in baselines_cache:
             baselines_cache["b"] = _probe.load_baselines(policy_dir)
         return host, view, expectations(profile, baselines_cache["b"], infos, device_ids=device_ids(topology_doc))
+
+    keeper: dict[str, Any] = {}
+
+    def evidence(v: Verdict, gpu_docs, topology_doc, view):
+        from gpu_tune.judge.evidence import wanted
+
+        k = keeper.get("k")
+        if k is None and not wanted(v):  # a healthy node never imports the rest
+            return None
+        if k is None:
+            from gpu_tune.judge.evidence.keeper import EvidenceKeeper
+
+            k = keeper["k"] = EvidenceKeeper(fs, monitor.state, settings, node=node)
+        return k.keep(v, gpu_docs, topology_doc, view, {"node": node, "profile": profile.name, **v.as_dict()})
 
     def revert_pending():
         return engine.revert_pending(engine.make_context(fs, profile, backend))
@@ -216,5 +251,5 @@ def default_stages(options: ServeOptions) -> Stages:
     return Stages(node=node, profile=profile, discover=discover, audit=audit, enforce=enforce, gpus=gpus,
                   probe=probe, publish=publish, identity=identity, revert=revert, close=close,
                   probe_interval=interval, read_node=publisher.read, revert_pending=revert_pending, health=health,
-                  next_pass=getattr(backend, "next_pass", None),
+                  next_pass=getattr(backend, "next_pass", None), evidence=evidence,
                   gain=gain if options.mode == "enforce" and profile.gain.measure_on_start else None)

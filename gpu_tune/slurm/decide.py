@@ -9,6 +9,9 @@ The rules (docs/slurm.md, "What gpu-tune drains and resumes"):
 - **ready**: resume the node only when gpu-tune drained it (its reason starts :data:`PREFIX`,
   LBNL NHC's rule), and only on the second ready pass in a row (:data:`READY_PASSES_TO_RESUME`),
   so a fault that comes and goes on alternate passes keeps the node drained instead of flapping.
+- **not ready, past the blast-radius limit** (:mod:`gpu_tune.judge.fleet_limit`, asked only where
+  this would drain the node): not drained (``limit_reached``), or drained and then put back in
+  service by the count after the drain (``put_back``); the line says "limit reached: ...".
 - a node drained or set down by anyone else (an administrator's ``maint``, Slurm's own
   ``Prolog error`` or ``Not responding``), or down, failed, rebooting, powered down: left as it
   is, whatever the verdict; the line says so.
@@ -34,11 +37,12 @@ READY_PASSES_TO_RESUME = 2
 _NOT_PLAIN = re.compile(r"[^\x20-\x7e]+")
 
 NONE, DRAIN, REDRAIN, RESUME, HOLD, LEFT = "none", "drain", "update_reason", "resume", "hold", "left_alone"
+LIMITED, PUT_BACK = "limit_reached", "put_back"  # the blast-radius limit's (held_back)
 
 
 @dataclass(frozen=True)
 class Decision:
-    action: str  # none | drain | update_reason | resume | hold | left_alone
+    action: str  # none | drain | update_reason | resume | hold | left_alone | limit_reached | put_back
     reason: str  # what Reason= to write (drain, update_reason, resume), else ""
     says: str  # one line: what was (or will be) done and why
 
@@ -104,6 +108,14 @@ def decide(v: Verdict, node: SlurmNode, ready_in_a_row: int) -> Decision:
                                   f"{READY_PASSES_TO_RESUME} in a row): {node.reason!r}")
     note = clean(f"{PREFIX} ready again, resumed: {v.message()} (drained for: {node.reason[len(PREFIX):].strip()})")
     return Decision(RESUME, note, f"ready; resumed (drained by gpu-tune for {node.reason[len(PREFIX):].strip()!r})")
+
+
+def held_back(says: str, put_back: bool, ready: bool = False) -> Decision:
+    """Left in service by the blast-radius limit: never drained (``says``: the limit's "limit
+    reached: ..."), or drained and then put back in service by a count after the drain."""
+    if put_back:
+        return Decision(PUT_BACK, "", f"ready; drained, then {says}" if ready else f"not ready; drained, then {says}")
+    return Decision(LIMITED, "", f"not ready; not drained: {says}")
 
 
 def unsaved(node: SlurmNode, error: str) -> Decision:

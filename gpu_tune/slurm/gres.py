@@ -14,7 +14,9 @@ plugin's count on Kubernetes.
   ``gpu:h100:٨``): a warning, never a drain.
 
 Both numbers are named in the detail (and so in the drain reason): ``Slurm gres/gpu 8, NVML 7,
-PCI bus 8``.
+PCI bus 8``. A prolog that decides without Slurm (:func:`gpu_tune.slurm.health.from_record`)
+judges the ``Gres=`` gpu-tune's record kept from the last pass that read Slurm, and the detail
+says so (``kept``).
 """
 
 from __future__ import annotations
@@ -36,7 +38,18 @@ def _check(ok: bool, detail: str, summary: str = "", severity: str = FATAL) -> C
     return Check(NAME, ok, detail, summary, severity, CATEGORY, (), REASON)
 
 
-def gres_check(node: SlurmNode, gpus: Sequence[GpuInfo], topology: Mapping[str, Any] | None) -> Check:
+def gres_check(node: SlurmNode, gpus: Sequence[GpuInfo], topology: Mapping[str, Any] | None,
+               kept: str | None = None) -> Check:
+    """``kept``: when the ``Gres=`` judged was read from Slurm, where it comes from gpu-tune's record
+    (said in the detail); None: read from Slurm in this pass."""
+    c = _judged(node, gpus, topology)
+    if kept is None:
+        return c
+    return _check(c.ok, f"{c.detail} (Gres={node.gres or '(null)'} as Slurm listed it at {kept or 'an undated pass'}, "
+                        "kept by gpu-tune: Slurm not asked)", c.summary, c.severity)
+
+
+def _judged(node: SlurmNode, gpus: Sequence[GpuInfo], topology: Mapping[str, Any] | None) -> Check:
     try:
         offered = gres_count(node.gres, "gpu")
     except ValueError as exc:

@@ -54,6 +54,7 @@ class SlurmNode:
     hostname: str = ""
     addr: str = ""
     gres: str = ""
+    partitions: tuple[str, ...] = ()
 
     @property
     def flags(self) -> frozenset[str]:
@@ -73,7 +74,8 @@ class SlurmNode:
 
     def as_dict(self) -> dict[str, str]:
         return {"name": self.name, "state": self.state, "reason": self.reason, "reason_by": self.reason_by,
-                "reason_at": self.reason_at, "hostname": self.hostname, "addr": self.addr, "gres": self.gres}
+                "reason_at": self.reason_at, "hostname": self.hostname, "addr": self.addr, "gres": self.gres,
+                "partitions": list(self.partitions)}
 
 
 def split_line(line: str) -> dict[str, str]:
@@ -107,7 +109,8 @@ def parse_node(line: str) -> SlurmNode:
         reason, by, at = reason[:m.start()].rstrip(), m.group(1), m.group(2)
     return SlurmNode(name=name, state=state, reason=reason, reason_by=by, reason_at=at,
                      hostname=kv.get("NodeHostName", "").strip(), addr=kv.get("NodeAddr", "").strip(),
-                     gres=kv.get("Gres", "").strip())
+                     gres=kv.get("Gres", "").strip(),
+                     partitions=tuple(p for p in kv.get("Partitions", "").strip().split(",") if p and p != "(null)"))
 
 
 def parse_nodes(text: str) -> list[SlurmNode]:

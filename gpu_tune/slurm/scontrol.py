@@ -15,6 +15,11 @@ Failures are typed: :class:`SlurmUnreachable` (exit 3: slurmctld did not answer)
 ``scontrol`` printed what cannot be read). What was changed is said by the caller
 (:mod:`gpu_tune.slurm.health`), which knows which calls came before.
 
+Times: every call runs with ``TZ=UTC0`` and ``SLURM_TIME_FORMAT=standard``, so the time Slurm
+stamps on a reason reads ``2026-11-28T04:28:01``, in UTC, on every node whatever its time zone or
+the site's ``SLURM_TIME_FORMAT``: the order the blast-radius limit ranks drains by
+(:mod:`gpu_tune.slurm.fleet`) is then the same on every node, and ``[user@time]`` always parses.
+
 Bounds: the calls of one pass share one deadline (:data:`BUDGET` seconds from the first,
 ``GPU_TUNE_SLURM_TIMEOUT``), well inside the 60 s slurmd gives a ``HealthCheckProgram``; a call
 still running at the deadline is stopped (``SIGKILL`` to its process group) and the pass asked no
@@ -110,6 +115,7 @@ class Scontrol:
         from gpu_tune.tune.engine import env_seconds
 
         self.env = dict(os.environ if env is None else env)
+        self.env.update(TZ="UTC0", SLURM_TIME_FORMAT="standard")  # reason times alike on every node (above)
         self.timeout = timeout if timeout is not None else env_seconds(BUDGET_VAR, BUDGET, 3600.0, least=1.0,
                                                                        env=self.env)
         self._end: float | None = None
@@ -207,11 +213,10 @@ class Scontrol:
             raise NoSuchNode(f"Slurm has no node {name!r} (`{what}` printed {len(nodes)} other node(s))")
         return found[0]
 
-    def find_nodes(self, keep: Callable[[SlurmNode], bool], most: int = 100) -> tuple[list[SlurmNode], int]:
-        """The nodes of ``scontrol show node`` for which ``keep`` is true (at most ``most``), and
-        how many lines it printed: read line by line, so a listing of any length costs one line's
-        memory. A line that cannot be read is passed over."""
-        found: list[SlurmNode] = []
+    def each_node(self, each: Callable[[SlurmNode], None]) -> int:
+        """Every node of ``scontrol show node`` to ``each``, and how many lines it printed: read
+        line by line, so a listing of any length costs one line's memory. A line that cannot be
+        read is passed over."""
         count = 0
 
         def line(raw: bytes) -> None:
@@ -224,11 +229,21 @@ class Scontrol:
                 node = parse_node(text)
             except NodeLineError:
                 return
+            each(node)
+
+        self.run(["-a", "-o", "show", "node"], "scontrol show node", lines=line)
+        return count
+
+    def find_nodes(self, keep: Callable[[SlurmNode], bool], most: int = 100) -> tuple[list[SlurmNode], int]:
+        """The nodes of ``scontrol show node`` for which ``keep`` is true (at most ``most``), and
+        how many lines it printed (:meth:`each_node`)."""
+        found: list[SlurmNode] = []
+
+        def each(node: SlurmNode) -> None:
             if len(found) < most and keep(node):
                 found.append(node)
 
-        self.run(["-a", "-o", "show", "node"], "scontrol show node", lines=line)
-        return found, count
+        return found, self.each_node(each)
 
     def update(self, name: str, state: str, reason: str) -> None:
         """``scontrol update NodeName=NAME State=STATE Reason=REASON`` (one argument each: no shell)."""

@@ -12,8 +12,12 @@ names exist, and whether a rule fits the XID it is for, is the judge's to say
 (:func:`gpu_tune.judge.policy.policy_of`): the check registry lives there. ``key: null`` leaves out
 a key an included profile sets, as for sysctls.
 
-Each key of the section is one field with its own validator: a key added later (a budget of nodes
-out of service, a taint to own) is one more field, refused the same way until it exists.
+- ``max_out_of_service``: a count (``5``) or a percentage (``10%``) of the nodes gpu-tune judges: the
+  most it holds out of service at once (:class:`OutOfService`; the arithmetic and the race handling
+  are :mod:`gpu_tune.judge.fleet_limit`'s); ``0`` reports only.
+
+Each key of the section is one field with its own validator: a key added later (one more budget) is
+one more field, refused the same way until it exists.
 """
 
 from __future__ import annotations
@@ -22,6 +26,8 @@ import re
 from typing import Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, field_validator
+
+from gpu_tune.tune.taint import TaintSpec, parse_profile_taint
 
 SEVERITIES = ("fatal", "warning", "off")
 # The actions of NVIDIA's XID catalog, least to most severe (gpu_tune/judge/checks/catalog.py reads
@@ -35,6 +41,9 @@ _UNITS = {"s": 1, "m": 60, "h": 3600, "d": 86400}
 _DURATION_RE = re.compile(r"(?:[0-9]{1,6}[smhd])+")
 ACROSS = " across boots"
 IB_PORT_RE = re.compile(r"[A-Za-z0-9_.-]{1,64}(/[0-9]{1,10})?")  # the kernel numbers ports with a u32
+MAX_NODES = 1_000_000  # a count of nodes past any fleet
+_PERCENT_RE = re.compile(r"([0-9]{1,3})(?:\.([0-9]{1,2}))?%")
+DEFAULT_OUT_OF_SERVICE = "10%"  # why: policies/_base.yaml, beside readiness.max_out_of_service
 
 
 class _Strict(BaseModel):
@@ -150,6 +159,43 @@ def parse_xid_rule(code: int, value: Any) -> XidRule:
     return XidRule(action=action, repeat=Repeat(count=count, within=window))
 
 
+class OutOfService(_Strict):
+    """``readiness.max_out_of_service``: ``count`` nodes, or ``hundredths`` of a percent of the
+    nodes gpu-tune judges (``10%`` is 1000); exactly one is set. 0 (either way): report only."""
+
+    count: int | None = Field(None, ge=0, le=MAX_NODES)
+    hundredths: int | None = Field(None, ge=0, le=10_000)
+
+    @property
+    def report_only(self) -> bool:
+        return not (self.count if self.count is not None else self.hundredths)
+
+    def words(self) -> str:
+        """``5``, ``10%``, ``2.5%``."""
+        if self.count is not None:
+            return str(self.count)
+        whole, part = divmod(self.hundredths or 0, 100)
+        return f"{whole}%" if not part else f"{whole}.{part:02d}".rstrip("0") + "%"
+
+
+def parse_out_of_service(value: Any) -> OutOfService:
+    """``5`` / ``"5"`` (nodes), ``10%`` / ``2.5%`` (of the nodes judged), ``0`` (report only).
+    ValueError saying what is wrong, in one line."""
+    if isinstance(value, OutOfService):
+        return value
+    text = value.strip() if isinstance(value, str) else None
+    if isinstance(value, int) and not isinstance(value, bool):
+        text = str(value)
+    if text is not None and text.isascii() and text.isdigit() and len(text) <= 7 and int(text) <= MAX_NODES:
+        return OutOfService(count=int(text))
+    m = _PERCENT_RE.fullmatch(text or "")
+    if m and int(m.group(1)) * 100 + int((m.group(2) or "0").ljust(2, "0")) <= 10_000:
+        return OutOfService(hundredths=int(m.group(1)) * 100 + int((m.group(2) or "0").ljust(2, "0")))
+    shown = "true (YAML reads on and yes so)" if value is True else repr(str(value)[:40])
+    raise ValueError(f"{shown} is not a count of nodes (0 to {MAX_NODES:,}) or a percentage (0% to 100%, e.g. "
+                     "10% or 2.5%); 0 reports only")
+
+
 class ExpectPolicy(_Strict):
     """What a healthy node of this profile has, over the GPU model's figures in
     ``policies/baselines.yaml`` (docs/health.md)."""
@@ -178,13 +224,28 @@ class ReadinessPolicy(_Strict):
     expect: ExpectPolicy = Field(default_factory=ExpectPolicy)
     require_compliant: bool = True
     require_probe: bool = True
-    taint: bool = True  # put the startup taint back when readiness is lost
+    # put the startup taint back when readiness is lost (true/false), or the taint to own:
+    # {key, value?, effect} (gpu_tune/tune/taint.py)
+    taint: bool | TaintSpec = True
     max_temperature_c: float = Field(87.0, gt=0, le=120)
     # A node without nvidia.com/gpu capacity (no device plugin) fails gpu.allocatable only if true.
     require_device_plugin: bool = False
     # The operator's policy (docs/health.md "Your policy"): a check's severity, an XID's weight.
     checks: dict[str, Literal["fatal", "warning", "off"]] = Field(default_factory=dict)
     xid: dict[int, XidRule] = Field(default_factory=dict)
+    # The blast-radius limit: the most nodes gpu-tune holds out of service at once (gpu_tune/judge/fleet_limit.py).
+    max_out_of_service: OutOfService = Field(default_factory=lambda: parse_out_of_service(DEFAULT_OUT_OF_SERVICE))
+
+    @field_validator("max_out_of_service", mode="before")
+    @classmethod
+    def _out_of_service(cls, v: Any) -> Any:
+        # `max_out_of_service: null` leaves out what an included profile sets: the default
+        return parse_out_of_service(DEFAULT_OUT_OF_SERVICE if v is None else v)
+
+    @field_validator("taint", mode="before")
+    @classmethod
+    def _taint(cls, v: Any) -> Any:
+        return parse_profile_taint(v)
 
     @field_validator("checks", mode="before")
     @classmethod

@@ -62,6 +62,7 @@ class FaultProxy:
         self.calls: list[tuple[str, str, int]] = []
         self.bodies: list[tuple[str, str, str, Any]] = []
         self.list_calls: list[dict[str, str]] = []
+        self.queries: list[tuple[str, str, dict[str, str]]] = []  # (method, path, query) of every call
         self.user_agents: Counter[str] = Counter()
         self.conflict_first_try = False
         self.latency_s = 0.0
@@ -148,6 +149,7 @@ class FaultProxy:
             self.reads.clear()
             self.calls.clear()
             self.bodies.clear()
+            self.queries.clear()
 
     # -- one request -------------------------------------------------------------------------------
     def _injected(self, method: str, path: str, target: str) -> FailRule | None:
@@ -184,6 +186,7 @@ class FaultProxy:
             elif subject:
                 self.reads[subject] += 1
             q = {k: v[-1] for k, v in parse_qs(query, keep_blank_values=True).items()}
+            self.queries.append((method, path, q))
             if method == "GET" and NODES_RE.match(path):
                 self.list_calls.append(q)
                 if self.list_hook is not None:

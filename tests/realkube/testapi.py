@@ -35,6 +35,7 @@ class RealAPI:
         host, port = cp.host, cp.port
         self.proxy = FaultProxy(host, port, str(cp.pki.ca.cert)).start()
         self.made_nodes: list[str] = []
+        self.made_paths: list[str] = []  # other objects made by create(), deleted at the end
         self.audit_start = cp.audit_mark()
 
     # -- the proxy's records and faults, as attributes ---------------------------------------------
@@ -43,7 +44,7 @@ class RealAPI:
         return self.proxy.url
 
     def __getattr__(self, name: str) -> Any:
-        if name in ("writes", "reads", "calls", "bodies", "list_calls", "user_agents", "fail", "clear_faults",
+        if name in ("writes", "reads", "calls", "bodies", "list_calls", "queries", "user_agents", "fail", "clear_faults",
                     "expire_continue_tokens", "total_writes", "reset_counts"):
             return getattr(self.proxy, name)
         raise AttributeError(name)
@@ -108,6 +109,13 @@ class RealAPI:
         # the node lifecycle controller lifts it once the kubelet reports Ready: as it would
         return self.cp.request("PATCH", f"/api/v1/nodes/{quote(name)}", {"spec": {"taints": list(taints or [])}},
                                "application/merge-patch+json")
+
+    def create(self, collection: str, doc: dict[str, Any]) -> dict[str, Any]:
+        """POST ``doc`` to ``collection`` as the admin (a ResourceSlice as a DRA driver publishes
+        it, ...); deleted when the test ends."""
+        made = self.cp.request("POST", collection, doc)
+        self.made_paths.append(f"{collection}/{quote(made['metadata']['name'])}")
+        return made
 
     def node(self, name: str) -> dict[str, Any]:
         return self.cp.request("GET", f"/api/v1/nodes/{quote(name)}")
@@ -192,7 +200,7 @@ class RealAPI:
         self.proxy.stop()
         names = set(self.made_nodes)
         events = self.cp.request("GET", "/api/v1/events?fieldSelector=involvedObject.kind%3DNode")["items"]
-        paths = [f"/api/v1/nodes/{quote(n)}" for n in names]
+        paths = [f"/api/v1/nodes/{quote(n)}" for n in names] + list(self.made_paths)
         paths += [f"/api/v1/namespaces/{e['metadata']['namespace']}/events/{quote(e['metadata']['name'])}"
                   for e in events if e["involvedObject"].get("name") in names]
 

@@ -3,8 +3,13 @@
 Everything lives in one folder (:class:`SlurmCluster` ``base``): munge's key (its own, made with
 ``mungekey``) and socket, ``slurm.conf`` and ``gres.conf``, the controller's state, slurmd's
 spool, the logs, eight character devices standing for ``/dev/nvidia0..7`` (Slurm 22.05 counts a
-GPU only with a ``File=``), and the two programs slurmd runs, ``health-check`` and ``prolog``,
-which a test rewrites (:meth:`SlurmCluster.use`). Ports are free ones of 127.0.0.1.
+GPU only with a ``File=``), and the three programs slurmd runs, ``health-check``, ``prolog`` and
+``epilog``, which a test rewrites (:meth:`SlurmCluster.use`). Ports are free ones of 127.0.0.1.
+
+Beside the one node with a slurmd (:data:`NODE`) the configuration names :data:`FLEET`: 20 more
+GPU nodes in a partition of their own with no slurmd of their own (``NodeAddr=127.0.0.1`` and
+``SlurmdTimeout=0`` keep them idle and drainable), for the tests of the blast-radius limit, which
+run ``gpu-tune check --slurm --slurm-node NAME`` for them.
 
 slurmd runs in a mount namespace of its own in which the folder's ``etc`` is bound over
 ``/etc/slurm``: slurmd, and every ``scontrol`` its ``HealthCheckProgram`` and ``Prolog`` run,
@@ -39,6 +44,9 @@ REPO = Path(__file__).resolve().parents[2]
 NODE = "gpu-slurm-0"  # not the host's name: gpu-tune must learn it from Slurm
 PARTITION = "gpu"
 GPUS = 8
+FLEET = tuple(f"gpu-slurm-{i}" for i in range(1, 21))  # no slurmd of their own
+FLEET_PARTITION = "fleet"
+PROGRAMS = ("health-check", "prolog", "epilog")
 HEALTH_INTERVAL = 3  # seconds (HealthCheckInterval)
 TOOLS = {"munged": "munge", "mungekey": "munge", "slurmctld": "slurmctld", "slurmd": "slurmd",
          "scontrol": "slurm-client", "sinfo": "slurm-client", "sbatch": "slurm-client", "squeue": "slurm-client",
@@ -146,7 +154,7 @@ class SlurmCluster:
                 os.mknod(dev, 0o600 | 0o020000, os.makedev(1, 3))
         self._write(self.conf, self.slurm_conf())
         self._write(self.etc / "gres.conf", f"NodeName={NODE} Name=gpu File={b}/dev/nvidia[0-{GPUS - 1}]\n")
-        for name in ("health-check", "prolog"):
+        for name in PROGRAMS:
             self.use(name, "")
 
     def slurm_conf(self) -> str:
@@ -180,27 +188,35 @@ class SlurmCluster:
             "SelectTypeParameters=CR_Core",
             "GresTypes=gpu",
             "ReturnToService=1",  # an administrator's DOWN stays down
-            "SlurmdTimeout=60",
+            "SlurmdTimeout=0",  # never marks a node down for not answering: the fleet has no slurmd
             "InactiveLimit=0",
             "KillWait=2",
             f"HealthCheckProgram={b}/health-check",
             f"HealthCheckInterval={HEALTH_INTERVAL}",
             "HealthCheckNodeState=ANY",
             f"Prolog={b}/prolog",
+            f"Epilog={b}/epilog",
             f"NodeName={NODE} NodeHostname={self.hostname} NodeAddr=127.0.0.1 CPUs=1 RealMemory=100 "
             f"Gres=gpu:{GPUS} State=UNKNOWN",
+            f"NodeName=gpu-slurm-[1-{len(FLEET)}] NodeAddr=127.0.0.1 CPUs=1 RealMemory=100 Gres=gpu:{GPUS} "
+            "State=UNKNOWN",
             f"PartitionName={PARTITION} Nodes={NODE} Default=YES MaxTime=INFINITE State=UP",
+            f"PartitionName={FLEET_PARTITION} Nodes=gpu-slurm-[1-{len(FLEET)}] Default=NO MaxTime=INFINITE State=UP",
             "",
         ])
 
     def use(self, program: str, command: str) -> None:
-        """Make slurmd's ``program`` (``health-check`` or ``prolog``) run ``command`` (shell words),
+        """Make slurmd's ``program`` (``health-check``, ``prolog`` or ``epilog``) run ``command`` (shell words),
         recording each run in ``runs-<program>`` (:meth:`runs`); an empty command exits 0 at once."""
         runs, times = self.base / f"runs-{program}", self.base / f".times-{program}"
         body = f"{command}\nrc=$?\n" if command else "rc=0\n"
+        # slurmctld asks every node whose NodeAddr is slurmd's for a health check: the fleet's 20 too,
+        # so slurmd gets 21 requests an interval; one runs, the others end at once, unrecorded
+        once = (f"exec 9>>{self.base}/.lock-{program}\n/usr/bin/flock -n 9 || exit 0\n"
+                if program == "health-check" else "")
         self._write(self.base / program,
                     "#!/bin/sh\n# the test's; slurmd runs it with its own environment (no SLURM_CONF, no PATH)\n"
-                    "start=$(/bin/date +%s%N)\n" + body +
+                    + once + "start=$(/bin/date +%s%N)\n" + body +
                     f"end=$(/bin/date +%s%N)\ntimes > {times}.$$\n"  # the CPU time of what it ran
                     f"cpu=$(/usr/bin/tail -n 1 {times}.$$ | /usr/bin/tr ' ' ,)\n/bin/rm -f {times}.$$\n"
                     f'echo "${{SLURM_SCRIPT_CONTEXT:-health_check}} $start $end $rc ${{SLURM_CONF:-unset}} $cpu" '
@@ -262,6 +278,8 @@ class SlurmCluster:
                               f"mount --bind {shlex.quote(str(self.etc))} /etc/slurm && exec slurmd -D -N {NODE}"],
                    env={"PATH": "/usr/sbin:/usr/bin:/sbin:/bin"})
         wait_for(f"{NODE} idle", lambda: self.node().get("State") == "IDLE" or self._check(), 120, every=0.2)
+        wait_for("the fleet idle", lambda: set(self.states(FLEET).values()) == {"IDLE"} or self._check(), 120,
+                 every=0.2)
         self.timings["slurm ready (s)"] = time.monotonic() - t0
 
     def _check(self) -> bool:
@@ -307,6 +325,25 @@ class SlurmCluster:
         kv.update(Reason=n.reason, ReasonBy=n.reason_by)
         return kv
 
+    def nodes(self) -> dict:
+        """Every node as ``scontrol -o show node`` prints it, by name (one call)."""
+        from gpu_tune.slurm.node import parse_nodes
+
+        return {n.name: n for n in parse_nodes(self.scontrol("-a", "-o", "show", "node").stdout)}
+
+    def states(self, names) -> dict[str, str]:
+        return {k: n.state for k, n in self.nodes().items() if k in names}
+
+    def sdiag(self) -> dict[str, int]:
+        """slurmctld's RPC counts by message type (``sdiag``), and ``user:NAME`` by user."""
+        out, rows, by_user = self.run("sdiag").stdout, {}, False
+        for line in out.splitlines():
+            by_user = by_user or line.startswith("Remote Procedure Call statistics by user")
+            m = re.match(r"\s+(\S+)\s+\(\s*\d+\)\s+count:(\d+)", line)
+            if m:
+                rows[("user:" if by_user else "") + m.group(1)] = int(m.group(2))
+        return rows
+
     def sinfo_reasons(self) -> dict[str, str]:
         """``sinfo -R``'s reasons, whole (``%E``, no width): node -> reason."""
         out = self.run("sinfo", "-R", "-h", "-o", "%N|%E").stdout
@@ -324,8 +361,8 @@ class SlurmCluster:
 
     def reset(self) -> None:
         """Between tests: no job, the programs doing nothing, the node idle with no reason and the
-        configuration's Gres (a test may lower it with ``scontrol update Gres=``)."""
-        for program in ("health-check", "prolog"):
+        configuration's Gres (a test may lower it with ``scontrol update Gres=``), the fleet idle."""
+        for program in PROGRAMS:
             self.use(program, "")
         wait_for("slurmd's programs done", lambda: not self.busy(), 30)
         self.run("scancel", "--full", "--partition", PARTITION, check=False)
@@ -337,5 +374,10 @@ class SlurmCluster:
         if node.get("State") != "IDLE":
             self.scontrol("update", f"NodeName={NODE}", "State=RESUME", check=False)
         wait_for(f"{NODE} idle", lambda: self.node().get("State") == "IDLE", 120, every=0.2)
-        for program in ("health-check", "prolog"):
+        held = sorted(k for k, state in self.states(FLEET).items() if state != "IDLE")
+        for name in held:
+            self.scontrol("update", f"NodeName={name}", "State=RESUME", check=False)
+        if held:
+            wait_for("the fleet idle", lambda: set(self.states(FLEET).values()) == {"IDLE"}, 120, every=0.2)
+        for program in PROGRAMS:
             (self.base / f"runs-{program}").unlink(missing_ok=True)

@@ -58,17 +58,32 @@ nodeAffinity:
 {{- end -}}
 {{- end -}}
 
-{{/* The tolerations value, plus the startup taint when that value does not tolerate everything. */}}
+{{/* The startup taint's KEY[=VALUE]:EFFECT for the agent's GPU_TUNE_TAINT, or "off". */}}
+{{- define "gpu-tune.taint" -}}
+{{- with .Values.startupTaint -}}
+{{- if .manage -}}{{ .key }}{{ with .value }}={{ . }}{{ end }}:{{ .effect }}{{- else -}}off{{- end -}}
+{{- end -}}
+{{- end -}}
+
+{{/* The tolerations value, plus the startup taint (and the default one, which the agent removes
+     after a change of key) when that value does not tolerate everything. A toleration of a
+     taint's key without an effect, or with its effect, covers it. */}}
 {{- define "gpu-tune.tolerations" -}}
 {{- $all := false -}}
-{{- $startup := false -}}
+{{- $out := .Values.tolerations -}}
 {{- range .Values.tolerations -}}
 {{- if and (eq (.operator | default "Equal") "Exists") (not .key) (not .effect) }}{{ $all = true }}{{ end -}}
-{{- if eq (.key | default "") "gpu-tune.io/not-ready" }}{{ $startup = true }}{{ end -}}
 {{- end -}}
-{{- $out := .Values.tolerations -}}
-{{- if and .Values.startupTaint.tolerate (not $all) (not $startup) -}}
-{{- $out = append $out (dict "key" "gpu-tune.io/not-ready" "operator" "Exists" "effect" "NoSchedule") -}}
+{{- if and .Values.startupTaint.tolerate (not $all) -}}
+{{- range $taint := uniq (list (dict "key" $.Values.startupTaint.key "effect" $.Values.startupTaint.effect) (dict "key" "gpu-tune.io/not-ready" "effect" "NoSchedule")) -}}
+{{- $covered := false -}}
+{{- range $.Values.tolerations -}}
+{{- if and (eq (.key | default "") $taint.key) (or (not .effect) (eq .effect $taint.effect)) }}{{ $covered = true }}{{ end -}}
+{{- end -}}
+{{- if not $covered -}}
+{{- $out = append $out (dict "key" $taint.key "operator" "Exists" "effect" $taint.effect) -}}
+{{- end -}}
+{{- end -}}
 {{- end -}}
 {{- if $out }}{{ toYaml $out }}{{ end -}}
 {{- end -}}

@@ -2,9 +2,11 @@
 
 - ``gpu.allocatable`` (category device_plugin): the Node's ``status.capacity["nvidia.com/gpu"]``
   (read by the publisher) is at least the GPUs the host has, MIG-enabled ones left out as the
-  device plugin's ``mixed`` strategy does. Listed when the node has GPUs and the Node was read;
-  without Kubernetes, or without the device plugin's resource, ok with the reason, unless
-  ``readiness.require_device_plugin``.
+  device plugin's ``mixed`` strategy does. A Node without that capacity whose GPUs NVIDIA's DRA
+  driver publishes (``gpu.nvidia.com`` ResourceSlices naming the node,
+  :mod:`gpu_tune.cluster.dra`) is judged the same way on the whole GPUs there. Listed when the
+  node has GPUs and the Node was read; without Kubernetes, or with neither publisher, ok with
+  the reason, unless ``readiness.require_device_plugin`` (which either publisher satisfies).
 - ``topology.published``: topology discovered and the node labels/condition written (or
   Kubernetes publishing switched off).
 """
@@ -15,14 +17,17 @@ from typing import Any
 
 from gpu_tune.judge.checks.base import Check, Facts, Family
 
+DRA_DRIVER = "gpu.nvidia.com"  # NVIDIA's DRA driver for GPUs (gpu_tune/cluster/dra.py counts its devices)
+
 
 class DevicePlugin(Family):
     name = "device_plugin"
     category = "device_plugin"
-    source = "the Node (status.capacity / allocatable nvidia.com/gpu)"
-    reads = "the device plugin's nvidia.com/gpu capacity and allocatable against the GPUs NVML lists"
+    source = "the Node (status.capacity / allocatable nvidia.com/gpu), else NVIDIA's DRA driver's ResourceSlices"
+    reads = ("the device plugin's nvidia.com/gpu capacity and allocatable (or the whole GPUs in the gpu.nvidia.com "
+             "ResourceSlices naming the node) against the GPUs NVML lists")
     thresholds = "capacity >= GPUs not in MIG mode"
-    remedy = "restart the device plugin pod on the node, then check its log and nvidia-smi"
+    remedy = "restart the device plugin (or DRA driver kubelet plugin) pod on the node, then check its log and nvidia-smi"
     checks = ("gpu.allocatable",)
 
     def evaluate(self, facts: Facts) -> list[Check]:
@@ -47,11 +52,19 @@ class DevicePlugin(Family):
             return self.check(name, True, "not checked: the Node could not be read (see topology.published)")
         cap = getattr(publish, "gpu_capacity", None)
         alloc = getattr(publish, "gpu_allocatable", None)
+        dra = getattr(publish, "dra", None)
+        if cap is None and dra is not None and dra.slices:
+            return self.dra(dra, expected, host)
         if cap is None:
+            dra_error = getattr(publish, "dra_error", None)
             detail = f"the Node has no nvidia.com/gpu capacity: no NVIDIA device plugin runs on it ({host})"
+            if dra_error:
+                detail += f" and its ResourceSlices of {DRA_DRIVER} could not be listed: {dra_error}"
+            elif dra is not None:
+                detail += f", nor NVIDIA's DRA driver (no ResourceSlice of {DRA_DRIVER} names the node)"
             if required:
-                return self.check(name, False, detail + ": deploy the device plugin (the GPU Operator), "
-                                                        "readiness.require_device_plugin is true")
+                return self.check(name, False, detail + ": deploy the device plugin (the GPU Operator) or NVIDIA's "
+                                                        "DRA driver, readiness.require_device_plugin is true")
             return self.check(name, True, detail + "; not required (readiness.require_device_plugin is false)")
         notes = []
         if isinstance(alloc, int) and alloc < cap:
@@ -65,6 +78,18 @@ class DevicePlugin(Family):
             notes.append("more than the GPUs: time-slicing replicas or MIG devices counted as nvidia.com/gpu")
         return self.check(name, True, f"nvidia.com/gpu {cap} for {expected} GPU(s) ({host})"
                           + "".join(f"; {n}" for n in notes))
+
+    def dra(self, dra: Any, expected: int, host: str) -> Check:
+        """The device plugin's rule on the whole GPUs NVIDIA's DRA driver publishes for the node."""
+        name = "gpu.allocatable"
+        notes = "".join(f"; {n}" for n in dra.notes())
+        if dra.gpus < expected:
+            figures = f"{dra.gpus} of {expected} GPUs offered by the DRA driver {DRA_DRIVER} ({dra.source()}; {host})"
+            return self.check(name, False, f"{figures}: restart the DRA driver's kubelet plugin pod on this node, "
+                              "then check its log and nvidia-smi" + notes, figures + notes)
+        more = "; more than the GPUs: a GPU in MIG mode offered whole as well" if dra.gpus > expected else ""
+        return self.check(name, True, f"{dra.gpus} GPU device(s) of {DRA_DRIVER} for {expected} GPU(s) "
+                          f"({dra.source()}; {host}){more}{notes}")
 
 
 class Published(Family):

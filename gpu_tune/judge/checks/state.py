@@ -165,6 +165,10 @@ class HealthState:
                 return f"{HEALTH_STATE} not written: {str(exc).removeprefix(HEALTH_STATE + ': ')}"
         return None  # pragma: no cover
 
+    def locked(self):
+        """The state folder's lock (``with state.locked(): ...``), as :meth:`observe` holds it."""
+        return self._locked()
+
     def _locked(self):
         """An exclusive lock on the state folder's lock file (None where it cannot be had)."""
         import contextlib
@@ -283,6 +287,9 @@ class HealthState:
         newest = max([r.get("last_usec") or 0 for r in doc["records"].values()] + [uptime_usec or 0])
         doc["cleared"][key] = {"usec": newest, "epoch": now}
         repeats.forget(doc, bus)
+        marks = doc.get("evidence") or {}
+        for k in [k for k in marks if key == "*" or _bus_key((k.split("/") + [""])[1]) == key]:
+            del marks[k]  # that GPU's findings are new again: the next one keeps its own evidence
         gone = []
         for k in list(doc["records"]):
             r = doc["records"][k]

@@ -37,6 +37,8 @@ MAX_CODE = 10**10 - 1  # the kernel log reader takes at most 10 digits
 MAX_COUNT = 2**53
 MAX_REPEAT_KEYS = 128  # GPU address x XID pairs whose bursts a repeat rule counts
 MAX_REPEAT_BURSTS = 100  # bursts kept per pair, the newest (a rule counts at most 100)
+MAX_MARKS = 256  # hardware findings of this boot whose evidence bundle is written (gpu_tune.judge.evidence)
+BUNDLE_RE = r"^[0-9]{8}T[0-9]{6}\.[0-9]{3}Z-[A-Za-z0-9._-]{1,80}$"  # an evidence bundle's name (UTC, ms)
 
 Usec = Annotated[int, Field(ge=0, le=MAX_USEC)]
 Epoch = Annotated[float, Field(ge=0, le=MAX_EPOCH)]
@@ -87,6 +89,13 @@ class Baseline(_Strict):
     at: Epoch
 
 
+class Mark(_Strict):
+    """A hardware finding of this boot whose evidence is kept: the bundle it went into, and when."""
+
+    bundle: Annotated[str, StringConstraints(min_length=1, max_length=100, pattern=BUNDLE_RE)]
+    at: Epoch
+
+
 class StateDoc(_Strict):
     version: Annotated[int, Field(ge=1, le=1)]  # strict: true is not 1
     boot_id: _text(64) | None = None  # type: ignore[valid-type]
@@ -100,6 +109,8 @@ class StateDoc(_Strict):
     cleared_words: Annotated[list[_text(4096)], Field(max_length=MAX_WORDS)] = []  # type: ignore[valid-type]
     repeats: Annotated[dict[Key, Annotated[list[Burst], Field(max_length=MAX_REPEAT_BURSTS)]],
                        Field(max_length=MAX_REPEAT_KEYS)] = {}
+    # written only when it holds something (a file without it is the same to every version)
+    evidence: Annotated[dict[Key, Mark], Field(max_length=MAX_MARKS)] = {}
 
     @model_validator(mode="after")
     def _keys_are_their_records(self) -> "StateDoc":
@@ -188,4 +199,6 @@ def set_aside(fs: Any, why: str) -> str:
 
 
 def dump(doc: dict[str, Any]) -> bytes:
+    if "evidence" in doc and not doc["evidence"]:  # none kept: the file is as an earlier version writes it
+        doc = {k: v for k, v in doc.items() if k != "evidence"}
     return (json.dumps(doc, indent=1, sort_keys=True) + "\n").encode()
