@@ -114,8 +114,8 @@ def caches() -> list[dict[str, Any]]:
                 add(f"stages: {key}", cells.pop(key))
         add("stages: the rest", list(cells.values()))
         add("loop: the rest of the Agent", agent)
-    for app in _find("fastapi.applications", "FastAPI")[:1]:
-        add("FastAPI app (routes, OpenAPI schema once served)", app)
+    for app in _find("starlette.applications", "Starlette")[:1]:  # FastAPI's too: a Starlette
+        add("the HTTP app (routes, OpenAPI schema once served)", app)
     for server in _find("uvicorn.server", "Server")[:1]:
         add("uvicorn server (config, connections)", server)
     return rows

@@ -1,16 +1,19 @@
-"""The documentation models of the agent's API: the shapes of the JSON documents it serves, for
-/openapi.json only (every body is pre-rendered; nothing is validated against these). Imported when
-the schema is first asked for (:func:`gpu_tune.serve.app.create_app`), not at the agent's start:
-the models, and FastAPI's response fields for them (which import ``pydantic.v1`` to refuse v1
-models), cost about 1.6 MiB resident (benchmarks/bench_rss.py)."""
+"""The agent's /openapi.json: the documentation models of its API (the shapes of the JSON documents
+it serves: every body is pre-rendered, nothing is validated against these) and the schema FastAPI
+makes of its documented routes. Imported when the schema is first asked for
+(:meth:`gpu_tune.serve.app.AgentApp.openapi`), not at the agent's start: FastAPI, its OpenTelemetry
+instrumentation, the models and FastAPI's response fields for them (which import ``pydantic.v1`` to
+refuse v1 models) cost about 8 MiB resident (benchmarks/bench_rss.py)."""
 
 from __future__ import annotations
 
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from fastapi import FastAPI
-from fastapi.routing import APIRoute
 from pydantic import BaseModel
+
+if TYPE_CHECKING:
+    from gpu_tune.serve.app import AgentApp
 
 
 class CheckModel(BaseModel):
@@ -74,15 +77,17 @@ def _with_model(response: dict[str, Any]) -> dict[str, Any]:
     return {"model": MODELS[name]} if name in MODELS else response
 
 
-def schema(app: FastAPI) -> dict[str, Any]:
-    """``app``'s /openapi.json, made by FastAPI from a copy of its documented routes whose
-    responses name these models as response models (exactly what FastAPI makes when the routes
-    themselves name them)."""
+def schema(app: AgentApp) -> dict[str, Any]:
+    """``app``'s /openapi.json, made by FastAPI from its documented routes, whose responses name
+    these models as response models: exactly what FastAPI makes of the same routes in an app of
+    its own (tests/golden/openapi.json)."""
     doc = FastAPI(title=app.title, version=app.version, description=app.description, docs_url=None,
                   redoc_url=None, openapi_url=app.openapi_url)
-    for route in app.routes:
-        if isinstance(route, APIRoute) and route.include_in_schema:
-            doc.add_api_route(route.path, route.endpoint, methods=sorted(route.methods), name=route.name,
-                              summary=route.summary, response_model=None,
-                              responses={code: _with_model(r) for code, r in route.responses.items()})
+    for route in app.documented:
+        async def endpoint() -> None:  # never called: FastAPI documents it, Starlette answers (app.py)
+            return None
+
+        doc.add_api_route(route.path, endpoint, methods=["GET"], name=route.name, summary=route.summary,
+                          response_model=None,
+                          responses={code: _with_model(r) for code, r in route.responses.items()})
     return doc.openapi()
