@@ -92,8 +92,10 @@ def test_report_only_drains_nothing_and_a_prolog_past_the_limit_exits_0(slurm, r
     node = FLEET[0]
     r = check(slurm, roots[node], fixture, policy(tmp_path, "0"), node=node)
     assert r.returncode == 1 and not ours(slurm), f"limit 0 drained: {last_line(r)}; {ours(slurm)}"
-    assert last_line(r) == (f"gpu-tune: slurm node {node} (command): not ready; not drained: report only: "
-                       "readiness.max_out_of_service is 0"), last_line(r)
+    said, _, evidence = last_line(r).partition("; evidence: ")  # the lost GPU's bundle, named after
+    assert said == (f"gpu-tune: slurm node {node} (command): not ready; not drained: report only: "
+                    "readiness.max_out_of_service is 0"), last_line(r)
+    assert evidence.startswith("/var/lib/gpu-tune/evidence/"), last_line(r)
     doc = json.loads(r.stdout)
     assert not doc["ready"] and doc["slurm"]["action"] == "limit_reached"
 
@@ -102,7 +104,8 @@ def test_report_only_drains_nothing_and_a_prolog_past_the_limit_exits_0(slurm, r
     r = check(slurm, roots[node], fixture, policy(tmp_path, "0%"), node=None, env=env)
     assert r.returncode == 0, f"a prolog past the limit exited {r.returncode}: slurmd would drain the node"
     assert "(prolog of job 7): not ready; not drained: report only" in last_line(r), last_line(r)
-    assert last_line(r).endswith("; exit 0: slurmd drains a node whose prolog fails (Prolog error)"), last_line(r)
+    assert last_line(r).partition("; evidence: ")[0].endswith(
+        "; exit 0: slurmd drains a node whose prolog fails (Prolog error)"), last_line(r)
     assert not ours(slurm) and not json.loads(r.stdout)["ready"]
 
 

@@ -360,8 +360,9 @@ class SlurmCluster:
         return dict(tok.split("=", 1) for tok in r.stdout.split() if "=" in tok)
 
     def reset(self) -> None:
-        """Between tests: no job, the programs doing nothing, the node idle with no reason and the
-        configuration's Gres (a test may lower it with ``scontrol update Gres=``), the fleet idle."""
+        """Between tests: no job, the programs doing nothing and their records (and gpu-tune.log) empty,
+        the node idle with no reason and the configuration's Gres (a test may lower it with ``scontrol
+        update Gres=``), the fleet idle."""
         for program in PROGRAMS:
             self.use(program, "")
         wait_for("slurmd's programs done", lambda: not self.busy(), 30)
@@ -381,3 +382,4 @@ class SlurmCluster:
             wait_for("the fleet idle", lambda: set(self.states(FLEET).values()) == {"IDLE"}, 120, every=0.2)
         for program in PROGRAMS:
             (self.base / f"runs-{program}").unlink(missing_ok=True)
+        (self.base / "gpu-tune.log").unlink(missing_ok=True)  # what gpu-tune said is this test's alone
