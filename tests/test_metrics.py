@@ -341,3 +341,48 @@ def test_metrics_read_the_regimes_as_the_probe_judge_does(result):
     judged = {k: v.get("images_per_second") for k, v in regime_figures(result).items()
               if v.get("images_per_second") is not None}
     assert {k: v["images_per_second"] for k, v in throughput(result).items()} == judged
+
+
+@pytest.mark.parametrize("detail,lost", [(False, False), (True, False), (False, True)])
+def test_exposition_is_prometheus_clients_byte_for_byte(detail, lost):
+    """The agent writes the exposition itself (gpu_tune/serve/exposition.py, prometheus_client
+    not imported): the same bytes as prometheus_client's generate_latest over the same collector."""
+    from prometheus_client import generate_latest
+
+    snap = snapshot(metrics_detail=detail, lost=lost)
+    assert render_metrics(snap) == generate_latest(make_registry(lambda: snap))
+    assert render_metrics(None) == generate_latest(make_registry(lambda: None))
+
+
+def test_exposition_escapes_and_formats_values_as_prometheus_client():
+    """Label values with a backslash, a newline and a double quote, help with a backslash and a
+    newline, and the floats Go prints differently from Python (1e7 and up, inf, nan, -0.0)."""
+    from prometheus_client import CollectorRegistry, generate_latest
+    from prometheus_client.core import GaugeMetricFamily
+
+    from gpu_tune.serve.exposition import Gauge, render
+
+    values = [0, 1, -1, 0.5, 1e6, 1e7, 123456789.0, 12345678.9, 1.5e300, 2**63, -2.5e9, float("inf"), float("-inf"),
+              float("nan"), -0.0, 3e-9, True]
+    labels = ["plain", 'q"uote', "back\\slash", "new\nline", "ünï", "", "a,b=c}"]
+
+    def fams(cls):
+        out = []
+        for i, help_text in enumerate(["plain help", "back\\slash and\nnewline"]):
+            f = cls(f"fam_{i}", help_text, labels=["a", "b"])
+            for j, v in enumerate(values):
+                f.add_metric([labels[j % len(labels)], str(j)], v)
+            out.append(f)
+        out.append(cls("fam_empty", "no series", labels=["x"]))
+        bare = cls("fam_bare", "no labels", labels=[])
+        bare.add_metric([], 7)
+        out.append(bare)
+        return out
+
+    class Source:
+        def collect(self):
+            return fams(GaugeMetricFamily)
+
+    reg = CollectorRegistry(auto_describe=False)
+    reg.register(Source())
+    assert render(fams(Gauge)) == generate_latest(reg)
