@@ -1,9 +1,10 @@
 """The agent's /openapi.json: the documentation models of its API (the shapes of the JSON documents
 it serves: every body is pre-rendered, nothing is validated against these) and the schema FastAPI
 makes of its documented routes. Imported when the schema is first asked for
-(:meth:`gpu_tune.serve.app.AgentApp.openapi`), not at the agent's start: FastAPI, its OpenTelemetry
-instrumentation, the models and FastAPI's response fields for them (which import ``pydantic.v1`` to
-refuse v1 models) cost about 8 MiB resident (benchmarks/bench_rss.py)."""
+(:meth:`gpu_tune.serve.app.AgentApp.openapi`), not at the agent's start: FastAPI and its
+OpenTelemetry instrumentation (about 6 MiB resident), the models and FastAPI's response fields for
+them (which import ``pydantic.v1`` to refuse v1 models) stay out of an agent nobody asks for its
+schema (benchmarks/bench_rss.py)."""
 
 from __future__ import annotations
 
