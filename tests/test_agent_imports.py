@@ -8,8 +8,6 @@ benchmarks/bench_rss.py's: these tests hold on any machine.
   /openapi.json when it is asked for (gpu_tune/serve/app.py);
 - of the kubernetes client, the generated API classes and models, the dynamic client, watch,
   stream, leader election and the informers (gpu_tune/cluster/kube_client.py);
-- prometheus_client, its HTTP servers and push gateway client: the agent writes the exposition
-  itself (gpu_tune/serve/exposition.py);
 - the probe's TensorFlow and NumPy (they run in the probe's own process), pydantic.v1.
 """
 
@@ -31,7 +29,7 @@ from tests.conftest import REPO
 NEVER = ("typer", "rich", "gpu_tune.cli.", "fastapi", "opentelemetry", "pydantic.v1", "tensorflow", "numpy",
          "keras", "pynvml", "kubernetes.dynamic", "kubernetes.watch", "kubernetes.stream",
          "kubernetes.leaderelection", "kubernetes.informer", "kubernetes.client.api.", "kubernetes.client.models.",
-         "kubernetes.utils.create_from_yaml", "jsonschema", "websocket", "prometheus_client", "http.server")
+         "kubernetes.utils.create_from_yaml", "jsonschema", "websocket")
 # What the in-cluster configuration does not need either: the kubeconfig loader and its OAuth.
 NOT_IN_CLUSTER = ("kubernetes.config.kube_config", "requests", "oauthlib", "requests_oauthlib")
 

@@ -2,7 +2,7 @@
 
 The collector reads the snapshot it is given (a callable returning the latest one); it defines
 ``describe()`` so registering it does not collect. Each snapshot renders its exposition once
-(:func:`render_metrics`, :mod:`gpu_tune.serve.exposition`), so ``/metrics`` only returns bytes.
+(:func:`render_metrics`), so ``/metrics`` only returns bytes.
 
 Cardinality. Settings are exported per setting, not per target: ``gpu_tune_setting_compliant{id}``
 (1 when every target is ok or unsupported) and ``gpu_tune_setting_targets{id,status}`` (how many
@@ -47,8 +47,9 @@ from __future__ import annotations
 from collections import Counter
 from typing import Any, Callable, Iterator, Mapping, Protocol
 
-from gpu_tune.serve.exposition import Gauge as GaugeMetricFamily
-from gpu_tune.serve.exposition import render
+from prometheus_client import CollectorRegistry, generate_latest
+from prometheus_client.core import GaugeMetricFamily
+from prometheus_client.registry import Collector
 
 from gpu_tune import __version__
 from gpu_tune.judge.figures import host_bandwidth, memory_bandwidth
@@ -231,10 +232,8 @@ def gpu_rows(snapshot: "Snapshot") -> list[dict[str, Any]]:
     return rows
 
 
-class SnapshotCollector:
-    """Collects the families of :data:`FAMILIES` from ``source()`` (None: only build info): a
-    ``prometheus_client`` collector (:func:`make_registry`) whose families
-    :func:`gpu_tune.serve.exposition.render` writes without ``prometheus_client``."""
+class SnapshotCollector(Collector):
+    """Collects the families of :data:`FAMILIES` from ``source()`` (None: only build info)."""
 
     def __init__(self, source: Callable[[], "Snapshot | None"]) -> None:
         self.source = source
@@ -489,15 +488,12 @@ def policy_families(col: "SnapshotCollector", snap: "Snapshot") -> Iterator[Gaug
     yield prof
 
 
-def make_registry(source: Callable[[], "Snapshot | None"]) -> Any:
-    """A ``prometheus_client`` registry of the collector (what a Python exporter would serve)."""
-    from prometheus_client import CollectorRegistry
-
+def make_registry(source: Callable[[], "Snapshot | None"]) -> CollectorRegistry:
     registry = CollectorRegistry(auto_describe=True)
-    registry.register(SnapshotCollector(source))  # type: ignore[arg-type]
+    registry.register(SnapshotCollector(source))
     return registry
 
 
 def render_metrics(snapshot: "Snapshot | None") -> bytes:
     """The text exposition of one snapshot (rendered once per snapshot)."""
-    return render(SnapshotCollector(lambda: snapshot).collect())
+    return generate_latest(make_registry(lambda: snapshot))
