@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+from pathlib import Path
 
 import pytest
 from fastapi.testclient import TestClient
@@ -139,6 +140,16 @@ def test_openapi_schema_served(served):
     assert list(schema["paths"]["/readiness"]) == ["get"]
     ready = schema["components"]["schemas"]["ReadinessModel"]
     assert set(ready["properties"]) == {"ready", "node", "profile", "reason", "message", "checks", "since"}
+
+
+def test_openapi_schema_is_the_golden_one(served):
+    """The documentation models are made only when the schema is first asked for
+    (gpu_tune/serve/openapi_docs.py): the schema served is still, byte for byte, the one FastAPI
+    made when the routes named the models themselves (tests/golden/openapi.json)."""
+    _, client, _ = served
+    golden = json.loads((Path(__file__).parent / "golden" / "openapi.json").read_text())
+    assert client.get("/openapi.json").json() == golden
+    assert client.get("/openapi.json").json() == golden  # made once, served again the same
 
 
 def test_bodies_are_json(served):

@@ -26,6 +26,7 @@ except ImportError:  # pragma: no cover
 
 from gpu_tune import __version__
 from gpu_tune.errors import GpuTuneError, InputError
+from gpu_tune.views.lines import report_error, setup_logging
 
 log = logging.getLogger("gpu_tune")
 
@@ -127,7 +128,7 @@ def command(name: str, help: str, **settings):
         @functools.wraps(fn)
         def wrapper(ctx: typer.Context, **kw):
             g = _merge_globals(ctx, kw)
-            _setup_logging(g.verbose)
+            setup_logging(g.verbose)
             try:
                 _check_inputs(g, kw, _root_on_command_line(ctx))
                 code = fn(g=g, **kw)
@@ -192,39 +193,8 @@ def _check_inputs(g: Globals, kw: dict[str, Any], root_given: bool = False) -> N
             raise InputError(f"--{name.replace('_', '-')} {val}: expected a finite number")
 
 
-class _TerminalFormatter(logging.Formatter):
-    """Log lines with the control characters of what they quote escaped (a host file's text
-    must not drive the terminal)."""
-
-    def format(self, record: logging.LogRecord) -> str:
-        from gpu_tune.views.text import printable
-
-        return printable(super().format(record))
-
-
-def _setup_logging(verbose: bool) -> None:
-    if logging.getLogger().handlers:
-        return
-    handler = logging.StreamHandler(sys.stderr)
-    handler.setFormatter(_TerminalFormatter("gpu-tune: %(levelname)s: %(message)s"))
-    logging.basicConfig(level=logging.DEBUG if verbose else logging.WARNING, handlers=[handler])
-
-
 def _fail(exc: BaseException, code: int, verbose: bool, unexpected: bool = False) -> None:
-    if verbose:
-        import traceback
-
-        traceback.print_exception(exc, file=sys.stderr)
-    from gpu_tune.views.text import printable
-
-    msg = str(exc) or type(exc).__name__
-    if len(msg) > 1000:  # not a whole file, whatever the input echoed back held
-        msg = msg[:1000] + "..."
-    # One line, and no control character of the input reaches the terminal: shown escaped (\n, \x1b).
-    msg = printable(msg, one_line=True)
-    if unexpected:
-        msg = f"unexpected error: {type(exc).__name__}: {msg} (run with -v for the traceback)"
-    print(f"gpu-tune: error: {msg}", file=sys.stderr)
+    report_error(exc, verbose, unexpected=unexpected)  # one line; the traceback only with -v
     raise typer.Exit(code)
 
 
@@ -257,6 +227,20 @@ def _main(
 
 
 # -- shared plumbing ----------------------------------------------------------------------------
+_own_command_line = False
+
+
+def set_own_command_line(own: bool) -> None:
+    """Whether :func:`gpu_tune.cli.main.main` runs this process's own command line (``sys.argv``)
+    rather than a caller's ``main(argv)``: only then may ``serve`` re-execute the process."""
+    global _own_command_line
+    _own_command_line = own
+
+
+def own_command_line() -> bool:
+    return _own_command_line
+
+
 def open_host(g: Globals):
     from gpu_tune.host.fs import HostFS
 

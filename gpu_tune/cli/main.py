@@ -9,7 +9,7 @@ import sys
 import typer
 
 from gpu_tune.cli import cluster, evidence, health, host, judge, serve  # noqa: F401  (each module registers its commands)
-from gpu_tune.cli.app import _cx, app
+from gpu_tune.cli.app import _cx, app, set_own_command_line
 from gpu_tune.views.text import printable
 
 ORDER = ("profiles", "audit", "apply", "revert", "topology", "check", "set-healthy", "evidence", "probe", "gain",
@@ -24,6 +24,9 @@ def _prog_name() -> str:
 
 
 def main(argv: list[str] | None = None) -> None:
+    """``gpu-tune ARGV`` (default: this process's own arguments; only then may ``serve`` re-execute
+    the process as the agent alone, gpu_tune/serve/lean.py)."""
+    set_own_command_line(argv is None)
     cmd = typer.main.get_command(app)
     try:
         rv = cmd.main(args=argv, prog_name=_prog_name(), standalone_mode=False)

@@ -5,7 +5,7 @@ from typing import Annotated, Optional
 
 import typer
 
-from gpu_tune.cli.app import Device, Globals, Mode, ProfileOpt, TaintOpt, command
+from gpu_tune.cli.app import Device, Globals, Mode, ProfileOpt, TaintOpt, command, own_command_line
 from gpu_tune.errors import GpuTuneError
 
 
@@ -36,10 +36,7 @@ def serve_cmd(
              "what a node auto-repair controller watches, e.g. AcceleratedHardwareReady [default: none]")] = None,
     taint: TaintOpt = None,
 ) -> int:
-    from gpu_tune.serve.options import ServeOptions
-    from gpu_tune.serve.server import serve
-
-    opts = ServeOptions(
+    options = dict(
         root=g.root, gpu_backend=g.gpu_backend, gpu_fixture=g.gpu_fixture, policy_dir=g.policy_dir,
         profile=profile, host=host, port=port, mode=mode.value, interval=interval,
         probe_interval=probe_interval, no_kube=no_kube, kubeconfig=kubeconfig, node=node,
@@ -47,7 +44,14 @@ def serve_cmd(
         verbose=g.verbose, metrics_detail=metrics_detail, hardware_condition=hardware_condition or None,
         taint=taint or None,
     )
-    return serve(opts)
+    if own_command_line():  # the agent leaves the command line behind (gpu_tune/serve/lean.py)
+        from gpu_tune.serve.lean import handoff
+
+        handoff(options)  # returns only where the process cannot be re-executed
+    from gpu_tune.serve.options import ServeOptions
+    from gpu_tune.serve.server import serve
+
+    return serve(ServeOptions(**options))
 
 
 @command("systemd-units", help="Where the systemd units of a bare-metal install are: gpu-tune.service (the agent, "

@@ -1,7 +1,7 @@
 """The Kubernetes API over HTTP: the only module that imports the ``kubernetes`` client.
 
 Imported inside the functions that talk to a cluster, so commands that never publish do not pay
-for it. Everything above this module sees plain JSON and two exceptions of its own:
+for it, and then only the parts called here (:mod:`gpu_tune.cluster.kube_client`). Everything above this module sees plain JSON and two exceptions of its own:
 :class:`ApiError` (the server answered, not 2xx: its status and message) and
 :class:`Unreachable` (no answer: TLS, connection, timeout), never the client's types.
 
@@ -21,6 +21,7 @@ from pathlib import Path
 from dataclasses import dataclass
 from typing import Any, Callable
 
+from gpu_tune.cluster.kube_client import modules
 from gpu_tune.errors import GpuTuneError, InputError
 
 SERVICE_HOST_ENV = "KUBERNETES_SERVICE_HOST"
@@ -103,9 +104,9 @@ class CoreV1:
     """
 
     def __init__(self, configuration: Any) -> None:
-        from kubernetes import client
-
         from gpu_tune import __version__
+
+        client, _ = modules()
 
         configuration.retries = False  # retries are the callers': bounded, with jitter, 409-aware
         self.host = configuration.host
@@ -154,7 +155,7 @@ def in_cluster() -> bool:
 
 def load_kubeconfig(cfg: Any, kubeconfig: str, where: str, context: str | None = None) -> None:
     """Fill ``cfg`` from a kubeconfig file; InputError naming the file (or the context)."""
-    from kubernetes import config
+    _, config = modules()
 
     paths = [p for p in kubeconfig.split(os.pathsep) if p]
     if not any(Path(p).is_file() for p in paths):
@@ -171,7 +172,7 @@ def load_kubeconfig(cfg: Any, kubeconfig: str, where: str, context: str | None =
 
 
 def _incluster_configuration() -> Any:
-    from kubernetes import client, config
+    client, config = modules()
 
     cfg = client.Configuration()
     try:
@@ -189,7 +190,7 @@ def agent_configuration(kubeconfig: str | None, where: str) -> tuple[Any, str]:
         return cfg, "in-cluster service account" + (f" ({where} {kubeconfig} ignored)" if kubeconfig else "")
     if not kubeconfig:
         raise InputError("no cluster configured: no in-cluster service account and no --kubeconfig/KUBECONFIG")
-    from kubernetes import client
+    client, _ = modules()
 
     cfg = client.Configuration()
     load_kubeconfig(cfg, kubeconfig, where)
@@ -200,7 +201,7 @@ def reader_configuration(kubeconfig: str | None = None, context: str | None = No
     """(client configuration, where it came from) for a person's command, found as kubectl finds
     it: ``kubeconfig`` (``--kubeconfig``), else ``KUBECONFIG``, else ``~/.kube/config``, else the
     in-cluster service account. InputError when none is there or it is malformed."""
-    from kubernetes import client
+    client, _ = modules()
 
     cfg = client.Configuration()
     if kubeconfig:

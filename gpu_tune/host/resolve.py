@@ -13,7 +13,6 @@ from __future__ import annotations
 import ctypes
 import errno
 import os
-import platform
 import stat
 
 # openat2(2): struct open_how.resolve flags (linux/openat2.h).
@@ -21,7 +20,7 @@ RESOLVE_NO_MAGICLINKS = 0x02
 RESOLVE_BENEATH = 0x08
 RESOLVE_IN_ROOT = 0x10
 # The syscall number is the same on every architecture of the unified table (since Linux 5.6).
-_SYS_OPENAT2 = {"x86_64": 437, "aarch64": 437, "arm64": 437}.get(platform.machine())
+_SYS_OPENAT2 = {"x86_64": 437, "aarch64": 437, "arm64": 437}.get(os.uname().machine)
 # The kernel's MAXSYMLINKS: more links in one resolution is ELOOP.
 MAX_SYMLINKS = 40
 
@@ -60,7 +59,7 @@ class Openat2Resolver:
 
     def __init__(self, root_fd: int) -> None:
         if _SYS_OPENAT2 is None:
-            raise OSError(errno.ENOSYS, f"openat2: no syscall number known for {platform.machine()}")
+            raise OSError(errno.ENOSYS, f"openat2: no syscall number known for {os.uname().machine}")
         self.root_fd = root_fd
         proto = ctypes.CFUNCTYPE(ctypes.c_long, ctypes.c_long, ctypes.c_long, ctypes.c_char_p,
                                  ctypes.c_void_p, ctypes.c_size_t, use_errno=True)

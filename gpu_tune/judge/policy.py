@@ -24,7 +24,6 @@ the fleet, not the node, which the schedulers' adapters ask :mod:`gpu_tune.judge
 
 from __future__ import annotations
 
-import difflib
 import hashlib
 import json
 import re
@@ -156,6 +155,8 @@ def _build(profile: Any, readiness: Any) -> Policy:
         source, inc = _where(profile, f"checks.{key}")
         if not (key in DECLARED or key in FAMILIES or PROBE_ONE.fullmatch(key)):
             known = sorted(set(DECLARED) | FAMILIES)
+            import difflib  # only for a misspelt name: the agent does not keep it resident
+
             close = difflib.get_close_matches(key, known, n=1, cutoff=0.0)
             hint = f" (the closest: {close[0]})" if close else ""
             raise InputError(f"{source}: readiness.checks.{key}{inc}: no such check{hint}; `gpu-tune check -o json` "

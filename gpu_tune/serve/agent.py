@@ -36,6 +36,7 @@ from typing import Any, Callable
 
 from gpu_tune.cluster.node_state import ModeChoice, choose_mode
 from gpu_tune.judge.readiness import Verdict, verdict
+from gpu_tune.serve.memory import release
 from gpu_tune.serve.reapply import ReapplyLimit
 from gpu_tune.serve.snapshot import AgentState, CollectorStatus, Snapshot
 from gpu_tune.serve.stages import Stages, field_of, error_reason, as_doc
@@ -484,6 +485,7 @@ class Agent:
                 self.run_pass()
             except Exception:  # a bug in a pass: /healthz turns 500 if it keeps happening
                 log.exception("loop pass failed")
+            release()  # what the pass freed goes back to the kernel (gpu_tune/serve/memory.py)
             first = not published and self._last_publish is not None
             self._wake.wait(pass_wait(self.rng, self.interval, self.jitter, after_first_publish=first))
 

@@ -3,15 +3,25 @@
 A request never runs an audit or a probe and never changes the host: every body is rendered
 once when the loop publishes a snapshot (``gpu_tune/serve/snapshot.py``), so a request returns prepared
 bytes.
+
+The app is Starlette's (FastAPI's base), with routes of its own (:class:`Documented`): no endpoint
+takes a parameter or a body and every answer is prepared bytes, so nothing of FastAPI's is needed
+to answer. FastAPI makes /openapi.json, when it is first asked for (:mod:`gpu_tune.serve.openapi_docs`):
+importing it with the app would keep it, its OpenTelemetry instrumentation and
+``importlib.metadata``'s entry points resident for the agent's life, about 6 MiB
+(benchmarks/bench_rss.py).
 """
 
 from __future__ import annotations
 
-from fastapi import FastAPI, Request
-from fastapi.exceptions import RequestValidationError
-from fastapi.responses import JSONResponse, Response
-from pydantic import BaseModel
+from dataclasses import dataclass, field
+from typing import Any, Awaitable, Callable
+
+from starlette.applications import Starlette
 from starlette.exceptions import HTTPException as StarletteHTTPException
+from starlette.requests import Request
+from starlette.responses import JSONResponse, Response
+from starlette.routing import Route
 
 from gpu_tune import __version__
 from gpu_tune.serve.snapshot import AgentState
@@ -19,80 +29,69 @@ from gpu_tune.serve.snapshot import dumps as _dumps
 
 PROM_CONTENT_TYPE = "text/plain; version=0.0.4; charset=utf-8"
 JSON_CONTENT_TYPE = "application/json"
+TITLE = "gpu-tune agent"
+DESCRIPTION = "Read-only view of the node's tuning, topology, probe results and readiness."
+OPENAPI_URL = "/openapi.json"
 
 
-# -- OpenAPI documentation models (responses are pre-rendered bytes of these shapes) ----------
-class CheckModel(BaseModel):
+@dataclass(frozen=True)
+class Documented:
+    """A GET endpoint as /openapi.json documents it (its HEAD twin is not documented)."""
+
+    path: str
     name: str
-    ok: bool
-    severity: str  # fatal (gates the node) | warning (reported, never gating)
-    detail: str
+    summary: str
+    responses: dict[int, dict[str, Any]] = field(default_factory=dict)
 
 
-class ReadinessModel(BaseModel):
-    ready: bool
-    node: str
-    profile: str
-    reason: str  # the condition's reason: the most urgent failing check's (docs/health.md)
-    message: str
-    checks: list[CheckModel]
-    since: str
+class AgentApp(Starlette):
+    """The agent's app: Starlette's, with the documented routes (:attr:`documented`) and the
+    schema made once, when first asked for (:meth:`openapi`)."""
+
+    documented: list[Documented]
+    openapi_schema: dict[str, Any] | None = None
+    title, version, description, openapi_url = TITLE, __version__, DESCRIPTION, OPENAPI_URL
+
+    def openapi(self) -> dict[str, Any]:
+        if self.openapi_schema is None:
+            from gpu_tune.serve.openapi_docs import schema
+
+            self.openapi_schema = schema(self)
+        return self.openapi_schema
 
 
-class SettingModel(BaseModel):
-    id: str
-    target: str
-    current: str | None
-    desired: str
-    status: str
-    detail: str
-    changed: bool | None = None
+def _doc(model: str) -> dict[str, Any]:
+    """A response documented by one of :mod:`gpu_tune.serve.openapi_docs`' models, named by
+    reference: the models are made only when /openapi.json is first asked for (:func:`create_app`)."""
+    return {"content": {JSON_CONTENT_TYPE: {"schema": {"$ref": f"#/components/schemas/{model}"}}}}
 
 
-class AuditModel(BaseModel):
-    profile: str
-    compliant: bool
-    settings: list[SettingModel]
+def create_app(state: AgentState) -> AgentApp:
+    documented: list[Documented] = []
+    routes: list[Route] = []
+    Endpoint = Callable[[], Awaitable[Response]]
 
+    def get(path: str, *, summary: str, responses: dict[int, dict[str, Any]]) -> Callable[[Endpoint], Endpoint]:
+        """A GET endpoint and its HEAD twin (uptime checkers, load balancers; not documented)."""
 
-class AgentReadyModel(BaseModel):
-    ready: bool
-    node: str
-    mode: str
-    detail: str
+        def register(fn: Endpoint) -> Endpoint:
+            async def endpoint(request: Request) -> Response:
+                return await fn()
 
+            documented.append(Documented(path, fn.__name__, summary, responses))
+            for method in ("GET", "HEAD"):
+                route = Route(path, endpoint, methods=[method], name=fn.__name__)
+                route.methods = {method}  # Starlette adds HEAD to a GET route: its own route, as before
+                routes.append(route)
+            return fn
 
-class HealthModel(BaseModel):
-    alive: bool
-    detail: str
+        return register
 
-
-class ErrorModel(BaseModel):
-    detail: str
-
-
-def create_app(state: AgentState) -> FastAPI:
-    app = FastAPI(
-        title="gpu-tune agent",
-        version=__version__,
-        description="Read-only view of the node's tuning, topology, probe results and readiness.",
-        redirect_slashes=False,
-        # The schema is served at /openapi.json; no interactive pages (they load scripts from a
-        # CDN, and this is a privileged node agent).
-        docs_url=None,
-        redoc_url=None,
-    )
-
-    @app.exception_handler(StarletteHTTPException)
-    async def _http_error(request: Request, exc: StarletteHTTPException) -> Response:
+    async def _http_error(request: Request, exc: Exception) -> Response:
+        assert isinstance(exc, StarletteHTTPException)
         headers = getattr(exc, "headers", None)
         return JSONResponse({"detail": exc.detail}, status_code=exc.status_code, headers=headers)
 
-    @app.exception_handler(RequestValidationError)
-    async def _invalid(request: Request, exc: RequestValidationError) -> Response:
-        return JSONResponse({"detail": "malformed request"}, status_code=422)
-
-    @app.exception_handler(Exception)
     async def _unexpected(request: Request, exc: Exception) -> Response:  # pragma: no cover
         return JSONResponse({"detail": f"unavailable: {type(exc).__name__}"}, status_code=503)
 
@@ -100,18 +99,18 @@ def create_app(state: AgentState) -> FastAPI:
         return Response(_dumps({"detail": f"no {what} yet: the agent has not completed one"}),
                         status_code=503, media_type=JSON_CONTENT_TYPE)
 
-    @app.get("/readiness", response_model=None, summary="Readiness verdict (200 ready, 503 not)",
-             responses={200: {"model": ReadinessModel}, 503: {"model": ReadinessModel}})
+    @get("/readiness", summary="Readiness verdict (200 ready, 503 not)",
+         responses={200: _doc("ReadinessModel"), 503: _doc("ReadinessModel")})
     async def readiness() -> Response:
         snap = state.snapshot
         if snap is None:
             return Response(state.not_ready_body, status_code=503, media_type=JSON_CONTENT_TYPE)
         return Response(snap.readiness_body, status_code=snap.readiness_status, media_type=JSON_CONTENT_TYPE)
 
-    @app.get("/agent-ready", response_model=None,
-             summary="The agent pod's readiness, for its readinessProbe (200 ready, 503 not): it completed a "
-                     "pass and published it, and did not turn a node that was ready into a not-ready one",
-             responses={200: {"model": AgentReadyModel}, 503: {"model": AgentReadyModel}})
+    @get("/agent-ready",
+         summary="The agent pod's readiness, for its readinessProbe (200 ready, 503 not): it completed a "
+                 "pass and published it, and did not turn a node that was ready into a not-ready one",
+         responses={200: _doc("AgentReadyModel"), 503: _doc("AgentReadyModel")})
     async def agent_ready() -> Response:
         snap = state.snapshot
         if snap is None:
@@ -121,8 +120,8 @@ def create_app(state: AgentState) -> FastAPI:
         return Response(snap.agent_ready_body, status_code=200 if snap.agent_ready else 503,
                         media_type=JSON_CONTENT_TYPE)
 
-    @app.get("/healthz", response_model=None, summary="Liveness of the agent's loop (200 alive, 500 not)",
-             responses={200: {"model": HealthModel}, 500: {"model": HealthModel}})
+    @get("/healthz", summary="Liveness of the agent's loop (200 alive, 500 not)",
+         responses={200: _doc("HealthModel"), 500: _doc("HealthModel")})
     async def healthz() -> Response:
         alive, detail = state.alive()
         return Response(_dumps({"alive": alive, "detail": detail}), status_code=200 if alive else 500,
@@ -136,26 +135,25 @@ def create_app(state: AgentState) -> FastAPI:
             return _missing(what)
         return Response(body, media_type=JSON_CONTENT_TYPE)
 
-    @app.get("/audit", response_model=None, summary="The latest audit document",
-             responses={200: {"model": AuditModel}, 503: {"model": ErrorModel}})
+    @get("/audit", summary="The latest audit document", responses={200: _doc("AuditModel"), 503: _doc("ErrorModel")})
     async def audit() -> Response:
         return _document("audit_body", "audit")
 
-    @app.get("/topology", response_model=None, summary="The latest topology document",
-             responses={200: {"description": "topology document"}, 503: {"model": ErrorModel}})
+    @get("/topology", summary="The latest topology document",
+         responses={200: {"description": "topology document"}, 503: _doc("ErrorModel")})
     async def topology() -> Response:
         return _document("topology_body", "topology")
 
-    @app.get("/probe", response_model=None, summary="The latest probe results, one entry per GPU or the CPU run",
-             responses={200: {"description": "list of probe verdicts"}, 503: {"model": ErrorModel}})
+    @get("/probe", summary="The latest probe results, one entry per GPU or the CPU run",
+         responses={200: {"description": "list of probe verdicts"}, 503: _doc("ErrorModel")})
     async def probe() -> Response:
         snap = state.snapshot
         if snap is None:
             return _missing("probe result")
         return Response(snap.probe_body, media_type=JSON_CONTENT_TYPE)
 
-    @app.get("/gain", response_model=None, summary="The tuning gain measured at the agent's start (untuned vs tuned)",
-             responses={200: {"description": "gpu-tune gain document"}, 503: {"model": ErrorModel}})
+    @get("/gain", summary="The tuning gain measured at the agent's start (untuned vs tuned)",
+         responses={200: {"description": "gpu-tune gain document"}, 503: _doc("ErrorModel")})
     async def gain() -> Response:
         snap = state.snapshot
         if snap is None or not snap.gain_body:
@@ -164,18 +162,19 @@ def create_app(state: AgentState) -> FastAPI:
                             status_code=503, media_type=JSON_CONTENT_TYPE)
         return Response(snap.gain_body, media_type=JSON_CONTENT_TYPE)
 
-    @app.get("/metrics", response_model=None, summary="Prometheus text exposition",
-             responses={200: {"content": {PROM_CONTENT_TYPE: {}}}})
+    @get("/metrics", summary="Prometheus text exposition", responses={200: {"content": {PROM_CONTENT_TYPE: {}}}})
     async def metrics() -> Response:
         snap = state.snapshot
         body = snap.metrics_body if snap is not None else state.empty_metrics
         return Response(body, media_type=PROM_CONTENT_TYPE)
 
-    # HEAD on every GET endpoint (uptime checkers, load balancers), kept out of the schema.
-    from fastapi.routing import APIRoute
+    async def openapi(request: Request) -> Response:
+        return JSONResponse(app.openapi())
 
-    for route in [r for r in app.routes if isinstance(r, APIRoute) and "GET" in r.methods]:
-        app.add_api_route(route.path, route.endpoint, methods=["HEAD"], include_in_schema=False,
-                          response_model=None)
+    # The schema at /openapi.json (any method, as FastAPI serves it); no interactive pages (they
+    # load scripts from a CDN, and this is a privileged node agent).
+    routes.append(Route(OPENAPI_URL, openapi, include_in_schema=False))
+    app = AgentApp(routes=routes, exception_handlers={StarletteHTTPException: _http_error, Exception: _unexpected})
+    app.router.redirect_slashes = False
+    app.documented = documented
     return app
-

@@ -456,11 +456,11 @@ def health_families(col: "SnapshotCollector", snap: "Snapshot", rows: list[dict[
 
 def _family_rows(gain: Mapping[str, Any]) -> dict[str, tuple[str, float]]:
     """family -> (verdict, images/s ratio) of its worst target, from a --per-setting document."""
-    from gpu_tune.judge.gain.measure import family_verdicts
-
     out: dict[str, tuple[str, float]] = {}
     if not gain:
         return out
+    from gpu_tune.judge.gain.measure import family_verdicts  # only where the gain was measured
+
     verdicts = family_verdicts(gain)
     for t in gain.get("targets") or []:
         for name, a in ((t.get("families") or {}) if isinstance(t, Mapping) else {}).items():

@@ -11,8 +11,8 @@ from typing import Callable
 
 from gpu_tune import __version__
 from gpu_tune.errors import InputError
-from gpu_tune.judge.gain.measure import FAMILIES
 from gpu_tune.serve.agent import Agent
+from gpu_tune.serve.memory import limit_arenas
 from gpu_tune.serve.options import ServeOptions
 from gpu_tune.serve.sdnotify import notify
 from gpu_tune.serve.stages import Stages, error_reason, default_stages
@@ -45,11 +45,14 @@ def serve(options: ServeOptions, *, stages: Stages | None = None,
     from gpu_tune.serve.app import create_app
 
     options.validate()
+    limit_arenas()  # before the loop's threads start (gpu_tune/serve/memory.py)
     stages = stages or default_stages(options)
     pp = getattr(stages.profile, "probe", None)
     hold = (float(getattr(pp, "timeout_s", 300.0)) * (int(getattr(pp, "retries", 0)) + 1) + 60.0) if pp else 900.0
     gp = getattr(stages.profile, "gain", None)
     if stages.gain is not None and options.mode == "enforce" and gp is not None:
+        from gpu_tune.judge.gain.measure import FAMILIES  # only where the gain is measured
+
         arms = 2 + (len(FAMILIES) if getattr(gp, "per_setting", False) else 0)
         rounds = int(gp.pairs or 8)
         hold += (arms * rounds + 1) * float(getattr(pp, "timeout_s", 300.0))  # the gain runs before the probe
