@@ -219,6 +219,7 @@ CHART_COPIES = {  # chart file -> the canonical file it copies (make chart-files
     "files/rules/gpu-tune-alerts.yaml": "daemonset/monitoring/rules/gpu-tune-alerts.yaml",
     "files/dashboards/gpu-tune.json": "daemonset/monitoring/dashboards/gpu-tune.json",
     "files/admission/admission-policy.yaml": "daemonset/admission/admission-policy.yaml",
+    "files/admission/ledger-policy.yaml": "daemonset/admission/ledger-policy.yaml",
 }
 COPY_HINT = ("run `make chart-files` (copies policies/, the alert rules, the dashboard and the admission policy "
              "into charts/gpu-tune/files/)")
