@@ -327,7 +327,7 @@ class KubePublisher:
             if plan.transition or want.evidence_new:
                 ctx.changed.append(f"event {self._event_reason(want) if plan.transition else EVIDENCE_REASON}")
             return f"dry run: {len(plan.changed)} change(s) for node {self.node}"
-        limit_due = False
+        limit_due, wanted = False, want
         if self.gate is not None:  # before anything that takes the node out is written
             want, ctx.limit, limit_due = self.gate.decide(self.node, want, self._ledger_call(ctx))
 
@@ -395,7 +395,7 @@ class KubePublisher:
                 "POST", events_path(self._event_ns), body=ev, timeout=self._timeout), write=True)
             ctx.changed.append(f"event {LEDGER_REASON}")
         if self.gate is not None:  # a node back in service frees its slot, its taint gone first
-            skipped = skipped + [why] if (why := self.gate.after(self.node, want, self._ledger_call(ctx))) else skipped
+            skipped = skipped + [why] if (why := self.gate.after(self.node, wanted, self._ledger_call(ctx))) else skipped
 
         note = f"; skipped {', '.join(skipped)}" if skipped else ""
         if not ctx.changed:
