@@ -12,8 +12,9 @@ followed by the lines where it states its figures against its targets (lines wit
 ``target``, ``goal``, ``MISSED``). A benchmark exits 1 when it misses a target; this script exits
 0 when every benchmark exited 0, else 1 (130 when interrupted).
 
-A ``bench_*.py`` not listed in :data:`SETTINGS` runs with its own defaults. Four start a real
-kube-apiserver (``bench_fleet.py``, ``bench_fleet_scale.py``, ``bench_agent.py``, ``bench_dra.py``): on a machine
+A ``bench_*.py`` not listed in :data:`SETTINGS` runs with its own defaults. Five start a real
+kube-apiserver (``bench_fleet.py``, ``bench_fleet_scale.py``, ``bench_agent.py``, ``bench_dra.py``,
+``bench_fleet_limit.py``): on a machine
 shared with others running the cluster tests, run this under ``flock /tmp/gpu-tune-cluster.lock``.
 ``bench_fleet_scale.py`` runs here at 1,000 nodes and a 20 s interval; its full run (1,000 and 5,000
 nodes at the default 60 s interval, about 15 minutes) is run on its own (docs/fleet.md).
@@ -45,6 +46,7 @@ SETTINGS: dict[str, list[str]] = {
     "bench_fleet.py": ["--nodes", "1000", "--runs", "7"],
     "bench_fleet_scale.py": ["--nodes", "1000", "--interval", "20", "--passes", "2", "--fleet-runs", "1"],
     "bench_dra.py": ["--nodes", "300", "--passes", "3"],
+    "bench_fleet_limit.py": ["--nodes", "1000", "--limit", "50"],
     "bench_probe.py": ["--runs", "2", "--busy-runs", "1", "--repeats", "3"],
     "bench_agent.py": ["--idle", "20", "--interval", "10"],
     "bench_http.py": ["--duration", "10", "--repeat", "2"],
@@ -62,6 +64,7 @@ QUICK: dict[str, list[str]] = {
     "bench_fleet_scale.py": ["--nodes", "300", "--interval", "10", "--passes", "1", "--fleet-runs", "1",
                              "--idle", "5"],
     "bench_dra.py": ["--nodes", "100", "--passes", "1"],
+    "bench_fleet_limit.py": ["--nodes", "300", "--limit", "15"],
     "bench_probe.py": ["--runs", "1", "--busy-runs", "1", "--repeats", "2", "--seconds", "2"],
     "bench_agent.py": ["--idle", "10", "--interval", "5"],
     "bench_http.py": ["--duration", "3", "--repeat", "1"],
