@@ -16,6 +16,10 @@ One pass (:meth:`KubePublisher.publish`):
    ``gpu-tune.io/owned-labels``; labels not recorded there are never touched), the
    taint it owns (``gpu-tune.io/not-ready:NoSchedule`` unless configured otherwise,
    :mod:`gpu_tune.tune.taint`), and a former one of its own after a change of key.
+   Where the pass would take the node out (its taint, the hardware condition False) and the
+   publisher has a ``limit`` (``readiness.max_out_of_service``): the blast-radius limit's ledger
+   first (:mod:`gpu_tune.cluster.limit`); past the limit the node is published not ready without
+   them, and one Event says so.
 3. When something differs: one JSON merge patch of ``metadata`` + ``spec.taints`` carrying the
    ``metadata.resourceVersion`` just read. A merge patch replaces the taint list whole, so the
    list sent is the one read with only our taint added or removed; should another writer have
