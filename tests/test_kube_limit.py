@@ -203,3 +203,20 @@ def test_a_node_out_before_a_restart_stays_out_and_a_ready_one_reads_the_ledger_
         assert again.publish(want(True)).writes == 0 and again.gate.listed is False
     finally:
         again.close()
+
+
+def test_an_entry_removed_by_hand_is_counted_again_after_the_recount_interval(api, fleet):
+    pubs = fleet(3, 1)
+    together(pubs, False)
+    (out,) = tainted(api, pubs)
+    first = next(p for p in pubs if p.node == out)
+    assert first.publish(want(False)).writes == 0  # out: nothing counted, nothing written
+    doc = api.cp.request("GET", f"{CM_PATH}/{LEDGER}")
+    doc["data"] = {}
+    api.cp.request("PUT", f"{CM_PATH}/{LEDGER}", doc)  # a person frees the slot
+    held = next(p for p in pubs if p.node != out)
+    assert held.publish(want(False)).limit.action == fleet_limit.TAKE  # the ledger changed: its slot taken
+    first.gate.recount_s = 0
+    r = first.publish(want(False))
+    assert r.limit.says == "limit reached: 1 of 3 nodes out of service by gpu-tune (limit 1)"
+    assert tainted(api, pubs) == {held.node} and set(ledger(api)) == {held.node}

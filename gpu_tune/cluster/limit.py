@@ -21,7 +21,8 @@ out at once").
   entry, so the ledger never counts fewer nodes than carry the taint.
 - A node past the limit counts again on a later pass only when the ledger changed since the count
   that refused it, or :data:`RECOUNT_S` after it (a Node that vanished frees its slot then): one
-  small ``get`` per pass otherwise.
+  small ``get`` per pass otherwise. A node out counts again every :data:`RECOUNT_S` (is its entry
+  still there? someone may have removed it by hand), and not at all in between.
 """
 
 from __future__ import annotations
@@ -48,6 +49,10 @@ TABLE = "application/json;as=Table;v=v1;g=meta.k8s.io,application/json"
 
 class LedgerError(Exception):
     """The ledger could not be read or written (the reason in one line)."""
+
+
+class LedgerMissing(LedgerError):
+    """No ledger ConfigMap: nothing can be taken out, and there is no entry to remove."""
 
 
 def ledger_namespace() -> str:
@@ -95,7 +100,7 @@ class KubeLedger:
             self.read = self.call("get", "configmaps", "GET", self.path)
         except ApiError as exc:
             if exc.status == 404:
-                raise LedgerError(f"the ledger {self.where} does not exist: install it with the chart or "
+                raise LedgerMissing(f"the ledger {self.where} does not exist: install it with the chart or "
                                   "kustomize (the agent never creates it)") from None
             raise LedgerError(f"get {self.where}: HTTP {exc.status}: {exc.message}") from None
         return self.read
@@ -192,6 +197,7 @@ class OutOfServiceGate:
         self.last: Outcome | None = None
         self.refused: tuple[str, float] | None = None  # (ledger version, when) of the count that refused
         self.said = False  # the limit's Event posted for this spell of not ready
+        self.checked = 0.0  # when this node, out, last found its entry
         self.writes = self.conflicts = 0  # over the process's life (benchmarks)
 
     def decide(self, node: str, want: Any, call: Call) -> tuple[Any, Outcome | None, bool]:
@@ -199,9 +205,12 @@ class OutOfServiceGate:
         nothing is taken out, whether the limit's Event is due)."""
         if not wants_out(want):
             return want, None, False
+        prev = self.last
         o = self._outcome(node, call)
         self.last = o
         if o.taken:
+            if o is not prev:  # counted now, not the last outcome again
+                self.checked = self.clock()
             self.listed, self.refused, self.said = True, None, False
             return want, o, False
         due, self.said = not self.said, True
@@ -211,8 +220,8 @@ class OutOfServiceGate:
         quick = fleet_limit.report_only(self.limit)
         if quick is not None:
             return quick
-        if self.listed and self.last is not None and self.last.taken:
-            return self.last  # out and settled: nothing to count
+        if self.listed and self.last is not None and self.last.taken and self.clock() - self.checked < self.recount_s:
+            return self.last  # out: counted again only every recount_s (its entry still there?)
         store = KubeLedger(node, call, self.namespace, self.name)
         try:
             if self.refused is not None and self.last is not None and self.clock() - self.refused[1] < self.recount_s:
@@ -240,6 +249,8 @@ class OutOfServiceGate:
         store = KubeLedger(node, call, self.namespace, self.name)
         try:
             done = store.remove(node)
+        except LedgerMissing:
+            done = True  # no ledger, no entry of its own in it
         except LedgerError as exc:
             return f"its entry in the ledger not removed ({exc}): the next pass tries again"
         finally:
