@@ -28,15 +28,16 @@ HW = "GpuHardwareHealthy"  # the hardware condition, as options.hardware_conditi
 CM_PATH = f"/api/v1/namespaces/{NS}/configmaps"
 
 
-def want(ready: bool):
-    """The Node wanted for a verdict: not ready from a fatal XID (taint and hardware condition False)."""
+def want(ready: bool, hw: bool = True):
+    """The Node wanted for a verdict: not ready from a fatal XID (taint and hardware condition False;
+    ``hw`` False: an agent that keeps no hardware condition)."""
     gpus = [{"index": i, "uuid": f"GPU-{i}", "name": "NVIDIA H100 80GB HBM3", "pci_bus_id": f"0000:{0x18 + i:02x}:00.0",
              "memory_total_mib": 81559, "compute_capability": "9.0"} for i in range(8)]
     why = "" if ready else "gpu.xid: GPU 3: XID 79 (fallen off the bus)"
     return desired_node_state(profile="training", ready=ready, reason="" if ready else "FatalXid",
                               message=why or "all checks passed", topology=_topology(8), gpus=gpus,
                               driver_version="570.124.06",
-                              hardware=(HW, ready, "" if ready else "FatalXid", why or "all checks passed"))
+                              hardware=(HW, ready, "" if ready else "FatalXid", why or "all checks passed") if hw else None)
 
 
 @pytest.fixture()
@@ -181,12 +182,27 @@ def test_a_ledger_that_always_conflicts_takes_no_node_out(api, fleet):
     assert pubs[0].gate.writes == fleet_limit.TRIES
 
 
-def test_a_missing_ledger_takes_no_node_out_and_says_why(api, fleet):
+def test_without_a_ledger_the_limit_is_not_enforced_and_says_so(api, fleet):
+    """A deployment that predates the limit (its manifests ship no ledger): nodes are taken out as
+    before, and the fleet.limit check says why the limit does not hold."""
     pubs = fleet(1, 5)
     api.cp.request("DELETE", f"{CM_PATH}/{LEDGER}")
     r = pubs[0].publish(want(False))
-    assert r.ok and not tainted(api, pubs)
+    assert r.ok and tainted(api, pubs) == {"gpu-00"} and condition(api, "gpu-00", HW) == "False"
     assert f"the ledger ConfigMap {NS}/{LEDGER} does not exist" in r.limit.says, r.limit.says
+    assert r.limit.says.endswith("the limit is not enforced")
+    (check,) = Published()._limit(r.limit)
+    assert not check.ok and check.severity == "warning"
+    assert pubs[0].publish(want(True)).ok and not tainted(api, pubs)
+
+
+def test_a_node_tainted_since_it_registered_keeps_its_taint_and_takes_no_slot(api, fleet):
+    pubs = fleet(3, 1)
+    api.edit_node("gpu-00", {"spec": {"taints": [{"key": TAINT_KEY, "effect": "NoSchedule"}]}})  # the startup taint
+    results = [p.publish(want(False, hw=False)) for p in pubs]
+    assert results[0].limit is None  # nothing to take out: the limit never removes a taint
+    assert results[1].limit.action == fleet_limit.TAKE and results[2].limit.action == fleet_limit.LIMIT
+    assert tainted(api, pubs) == {"gpu-00", "gpu-01"} and set(ledger(api)) == {"gpu-01"}
 
 
 def test_a_node_out_before_a_restart_stays_out_and_a_ready_one_reads_the_ledger_once(api, fleet, tmp_path):
@@ -196,27 +212,10 @@ def test_a_node_out_before_a_restart_stays_out_and_a_ready_one_reads_the_ledger_
     kc = str(write_kubeconfig(tmp_path / "kc2", api.url))
     again = make_publisher(out, kc, False, limit=1, ledger_namespace=NS, **FAST)  # the agent restarted
     r = again.publish(want(False))
-    assert r.limit.action == fleet_limit.KEPT and tainted(api, pubs) == {out}
+    assert r.limit is None and r.writes == 0 and tainted(api, pubs) == {out} and set(ledger(api)) == {out}
     r = again.publish(want(True))
     assert not tainted(api, pubs) and not ledger(api)
     try:
         assert again.publish(want(True)).writes == 0 and again.gate.listed is False
     finally:
         again.close()
-
-
-def test_an_entry_removed_by_hand_is_counted_again_after_the_recount_interval(api, fleet):
-    pubs = fleet(3, 1)
-    together(pubs, False)
-    (out,) = tainted(api, pubs)
-    first = next(p for p in pubs if p.node == out)
-    assert first.publish(want(False)).writes == 0  # out: nothing counted, nothing written
-    doc = api.cp.request("GET", f"{CM_PATH}/{LEDGER}")
-    doc["data"] = {}
-    api.cp.request("PUT", f"{CM_PATH}/{LEDGER}", doc)  # a person frees the slot
-    held = next(p for p in pubs if p.node != out)
-    assert held.publish(want(False)).limit.action == fleet_limit.TAKE  # the ledger changed: its slot taken
-    first.gate.recount_s = 0
-    r = first.publish(want(False))
-    assert r.limit.says == "limit reached: 1 of 3 nodes out of service by gpu-tune (limit 1)"
-    assert tainted(api, pubs) == {held.node} and set(ledger(api)) == {held.node}

@@ -21,8 +21,11 @@ out at once").
   entry, so the ledger never counts fewer nodes than carry the taint.
 - A node past the limit counts again on a later pass only when the ledger changed since the count
   that refused it, or :data:`RECOUNT_S` after it (a Node that vanished frees its slot then): one
-  small ``get`` per pass otherwise. A node out counts again every :data:`RECOUNT_S` (is its entry
-  still there? someone may have removed it by hand), and not at all in between.
+  small ``get`` per pass otherwise. A Node that already carries the taint (the startup taint since
+  it registered, or taken out earlier) and the hardware condition False is not taken out again:
+  it neither counts nor takes a slot. The limit never removes a taint.
+- No ledger (404) or no right to read it (403): a deployment that predates the limit. The node is
+  taken out as before, and ``fleet.limit`` says the limit is not enforced and why.
 """
 
 from __future__ import annotations
@@ -101,7 +104,10 @@ class KubeLedger:
         except ApiError as exc:
             if exc.status == 404:
                 raise LedgerMissing(f"the ledger {self.where} does not exist: install it with the chart or "
-                                  "kustomize (the agent never creates it)") from None
+                                    "kustomize (the agent never creates it)") from None
+            if exc.status == 403:
+                raise LedgerMissing(f"may not get the ledger {self.where} (HTTP 403: {exc.message}): install "
+                                    "the chart's or kustomize's RBAC") from None
             raise LedgerError(f"get {self.where}: HTTP {exc.status}: {exc.message}") from None
         return self.read
 
@@ -171,14 +177,28 @@ class KubeLedger:
 
 
 def wants_out(want: Any) -> bool:
-    """The NodeWant takes the node out: gpu-tune's taint wanted, or its hardware condition False."""
+    """The NodeWant keeps the node out: gpu-tune's taint wanted, or its hardware condition False."""
     return want.taint_wanted is True or any(c.get("status") == "False" for c in want.more_conditions)
+
+
+def takes_out(want: Any, node: dict[str, Any]) -> bool:
+    """Writing ``want`` would take the Node, as read, out: add the taint it lacks, or turn its
+    hardware condition False. A Node already carrying them (the startup taint since it registered,
+    or taken out before) is not taken out again: it needs no slot."""
+    from gpu_tune.cluster.node_diff import find_condition
+
+    taints = (node.get("spec") or {}).get("taints") or []
+    if want.taint_wanted is True and want.taint is not None and not any(want.taint.matches(t) for t in taints):
+        return True
+    return any(c.get("status") == "False" and (find_condition(node, str(c.get("type"))) or {}).get("status") != "False"
+               for c in want.more_conditions)
 
 
 def held_in(want: Any) -> Any:
     """``want`` for a node the limit keeps in service: still reported not ready (labels, annotations,
-    ``GPUHostReady`` False), no taint of gpu-tune's, the hardware condition not set to False."""
-    return dataclasses.replace(want, taint_wanted=False if want.taint is not None else None,
+    ``GPUHostReady`` False), no taint added and the hardware condition not set to False (the limit
+    never removes a taint either: a node that has one keeps it)."""
+    return dataclasses.replace(want, taint_wanted=None if want.taint_wanted is True else want.taint_wanted,
                                more_conditions=tuple(c for c in want.more_conditions if c.get("status") != "False"))
 
 
@@ -197,20 +217,18 @@ class OutOfServiceGate:
         self.last: Outcome | None = None
         self.refused: tuple[str, float] | None = None  # (ledger version, when) of the count that refused
         self.said = False  # the limit's Event posted for this spell of not ready
-        self.checked = 0.0  # when this node, out, last found its entry
         self.writes = self.conflicts = 0  # over the process's life (benchmarks)
 
-    def decide(self, node: str, want: Any, call: Call) -> tuple[Any, Outcome | None, bool]:
-        """Before the Node is written: (the NodeWant to write, the limit's outcome or None where
-        nothing is taken out, whether the limit's Event is due)."""
+    def decide(self, node: str, want: Any, call: Call, read: dict[str, Any]) -> tuple[Any, Outcome | None, bool]:
+        """Before the Node (``read``: as just read) is written: (the NodeWant to write, the limit's
+        outcome or None where nothing is taken out, whether the limit's Event is due)."""
         if not wants_out(want):
             return want, None, False
-        prev = self.last
+        if not takes_out(want, read):  # out already: the outcome that took it out, if this agent did
+            return want, (self.last if self.listed and self.last is not None and self.last.taken else None), False
         o = self._outcome(node, call)
         self.last = o
         if o.taken:
-            if o is not prev:  # counted now, not the last outcome again
-                self.checked = self.clock()
             self.listed, self.refused, self.said = True, None, False
             return want, o, False
         due, self.said = not self.said, True
@@ -220,8 +238,6 @@ class OutOfServiceGate:
         quick = fleet_limit.report_only(self.limit)
         if quick is not None:
             return quick
-        if self.listed and self.last is not None and self.last.taken and self.clock() - self.checked < self.recount_s:
-            return self.last  # out: counted again only every recount_s (its entry still there?)
         store = KubeLedger(node, call, self.namespace, self.name)
         try:
             if self.refused is not None and self.last is not None and self.clock() - self.refused[1] < self.recount_s:
@@ -229,9 +245,10 @@ class OutOfServiceGate:
                 if store.version() == self.refused[0]:
                     return self.last  # nothing changed since the count that refused it
             o = fleet_limit.take_out(store, node, self.limit)
+        except LedgerMissing as exc:  # a deployment without it (older manifests): taken out as before the limit
+            o = Outcome(fleet_limit.TAKE, 0, 0, 0, self.limit.words(), problem=f"{exc}: the limit is not enforced")
         except LedgerError as exc:
-            o = Outcome(fleet_limit.LIMIT, 0, 0, 0, self.limit.words(),
-                        problem=f"{exc}: not taken out")
+            o = Outcome(fleet_limit.LIMIT, 0, 0, 0, self.limit.words(), problem=f"{exc}: not taken out")
         finally:
             self.writes += store.writes
             self.conflicts += store.conflicts

@@ -333,7 +333,7 @@ class KubePublisher:
             return f"dry run: {len(plan.changed)} change(s) for node {self.node}"
         limit_due, wanted = False, want
         if self.gate is not None:  # before anything that takes the node out is written
-            want, ctx.limit, limit_due = self.gate.decide(self.node, want, self._ledger_call(ctx))
+            want, ctx.limit, limit_due = self.gate.decide(self.node, want, self._ledger_call(ctx), node)
 
         skipped: list[str] = []
         for attempt in range(1, self._conflict_attempts + 1):

@@ -111,9 +111,9 @@ class Published(Family):
         (gpu_tune.cluster.limit); listed only where the limit was asked."""
         if o is None:
             return []
-        if o.taken:
-            return [self.check("fleet.limit", True, f"taken out: {o.says}", severity=WARNING)]
-        return [self.check("fleet.limit", False, f"{o.says}: reported not ready and left in service (no taint, "
+        if o.taken:  # a problem here: the limit could not be enforced (no ledger)
+            return [self.check("fleet.limit", not o.problem, f"taken out: {o.says}", severity=WARNING)]
+        return [self.check("fleet.limit", False, f"{o.says}: reported not ready and left in service (no taint added, "
                            "the hardware condition not set to False)", o.reached, severity=WARNING)]
 
     def _published(self, facts: Facts) -> list[Check]:
