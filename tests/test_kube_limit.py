@@ -219,3 +219,22 @@ def test_a_node_out_before_a_restart_stays_out_and_a_ready_one_reads_the_ledger_
         assert again.publish(want(True)).writes == 0 and again.gate.listed is False
     finally:
         again.close()
+
+
+def test_readiness_and_metrics_say_the_limit():
+    """/readiness carries the limit's outcome; the metrics its figures (none on a ready node)."""
+    from gpu_tune.judge.readiness import Check, Verdict
+    from gpu_tune.serve.metrics import render_metrics
+    from gpu_tune.serve.snapshot import Snapshot
+
+    held = fleet_limit.Outcome(fleet_limit.LIMIT, 5, 100, 5, "5")
+    down = Verdict(False, (Check("gpu.xid", False, "GPU 3: XID 79"), *Published()._limit(held)))
+    snap = Snapshot.build(node="gpu-07", profile="training", verdict=down, since=0.0, created=0.0, limit=held)
+    assert 'gpu_tune_check_ok{check="fleet.limit"} 0.0' in render_metrics(snap).decode()
+    assert snap.readiness_doc()["limit"]["says"] == "limit reached: 5 of 100 nodes out of service by gpu-tune (limit 5)"
+    text = render_metrics(snap).decode()
+    for line in ("gpu_tune_out_of_service_limit_reached 1.0", "gpu_tune_out_of_service_nodes 5.0",
+                 "gpu_tune_out_of_service_judged_nodes 100.0", "gpu_tune_out_of_service_allowed_nodes 5.0"):
+        assert line in text, line
+    ready = Snapshot.build(node="gpu-07", profile="training", verdict=Verdict(True), since=0.0, created=0.0)
+    assert "limit" not in ready.readiness_doc() and "gpu_tune_out_of_service" not in render_metrics(ready).decode()
