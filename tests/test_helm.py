@@ -618,3 +618,15 @@ def test_schema_rejects_a_bad_startup_taint(helm, bad):
     proc = run([helm, "template", "gpu-tune", str(CHART), "--set", bad])
     assert proc.returncode != 0, f"--set {bad} was accepted"
     assert "schema" in proc.stderr and "startupTaint" in proc.stderr, proc.stderr
+
+
+def test_a_second_release_shares_the_first_ones_ledger(helm):
+    """ledger.create=false (a second release in the namespace): no ConfigMap of its own, which Helm
+    would refuse (another release owns it); its agents still may read and update the shared one."""
+    second = template(helm, "gpu-tune-training", "values-training.yaml", ["ledger.create=false"])
+    assert not [d for d in of_kind(second, "ConfigMap") if d["metadata"]["name"] == "gpu-tune-out-of-service"]
+    (role,) = [d for d in of_kind(second, "Role") if d["metadata"]["name"] == "gpu-tune-training-ledger"]
+    assert role["rules"] == [{"apiGroups": [""], "resources": ["configmaps"],
+                              "resourceNames": ["gpu-tune-out-of-service"], "verbs": ["get", "update"]}]
+    first = template(helm)
+    assert [d["metadata"]["name"] for d in of_kind(first, "ConfigMap")].count("gpu-tune-out-of-service") == 1
