@@ -139,7 +139,7 @@ chart-files:
 	cp policies/*.yaml daemonset/base/policies/
 	cp daemonset/monitoring/rules/gpu-tune-alerts.yaml charts/gpu-tune/files/rules/
 	cp daemonset/monitoring/dashboards/gpu-tune.json charts/gpu-tune/files/dashboards/
-	cp daemonset/admission/admission-policy.yaml charts/gpu-tune/files/admission/
+	cp daemonset/admission/admission-policy.yaml daemonset/admission/ledger-policy.yaml charts/gpu-tune/files/admission/
 
 # Lint the chart and package it into dist/ (Helm from the test extra, see tests/helmbin.py).
 chart: setup

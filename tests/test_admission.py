@@ -310,7 +310,8 @@ def test_the_hardware_condition_is_owned_only_where_the_chart_keeps_one(policy, 
     from tests.helmbin import helm_binary
 
     docs = template(str(helm_binary()), sets=["hardwareCondition=AcceleratedHardwareReady"])
-    (doc,) = [d for d in docs if d["kind"] == "ValidatingAdmissionPolicy"]
+    (doc,) = [d for d in docs if d["kind"] == "ValidatingAdmissionPolicy"
+                and d["metadata"]["name"].endswith("-own-node")]
     owned = next(v for v in doc["spec"]["variables"] if v["name"] == "ownedConditions")
     assert owned["expression"] == "['GPUHostReady', 'AcceleratedHardwareReady']"
     doc["spec"]["matchConditions"][0]["expression"] = policy.spec["matchConditions"][0]["expression"]
@@ -330,7 +331,8 @@ def chart_policy(policy, sets: list[str]) -> Policy:
     from tests.test_helm import template
 
     docs = template(str(helm_binary()), sets=sets)
-    (doc,) = [d for d in docs if d["kind"] == "ValidatingAdmissionPolicy"]
+    (doc,) = [d for d in docs if d["kind"] == "ValidatingAdmissionPolicy"
+                and d["metadata"]["name"].endswith("-own-node")]
     doc["spec"]["matchConditions"][0]["expression"] = policy.spec["matchConditions"][0]["expression"]
     return Policy(doc)
 

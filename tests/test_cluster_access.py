@@ -126,7 +126,7 @@ def test_the_pod_bound_token_names_the_agents_node(api, agent):
     ("patch", "nodes", "", "", True),
     ("patch", "nodes", "status", "", True),
     ("create", "events", "", "default", True),
-    ("list", "nodes", "", "", False),
+    ("list", "nodes", "", "", True),  # M for the limit: a Table of names, only when about to take its node out
     ("watch", "nodes", "", "", False),
     ("update", "nodes", "", "", False),
     ("delete", "nodes", "", "", False),
@@ -241,6 +241,87 @@ def test_its_own_keys_are_admitted(api, agent):
                    "application/merge-patch+json", token=token)
     node = api.node("gpu-1")
     assert node["metadata"]["labels"]["gpu-tune.io/x"] == "1" and node["spec"]["taints"] == [OURS]
+
+
+# -- the blast-radius limit's ledger: that one ConfigMap, its own entry -----------------------------------
+LEDGER_PATH = f"/api/v1/namespaces/{NS}/configmaps/gpu-tune-out-of-service"
+
+
+def test_rbac_grants_the_ledger_by_name_only(api, agent):
+    api.add_node("gpu-1")
+    token, _ = agent("gpu-1")
+    can = lambda verb, name="gpu-tune-out-of-service": api.cp.can(token, verb, "configmaps", namespace=NS,  # noqa: E731
+                                                                  name=name)
+    assert can("get") and can("update")
+    assert not can("patch") and not can("delete") and not can("create", "") and not can("list", "")
+    assert not can("get", "gpu-tune-policies") and not can("update", "gpu-tune-policies")
+
+
+@pytest.fixture()
+def ledger(api, shipped):
+    """The ledger as the manifests ship it (empty), with one entry of gpu-2's and one of a Node gone."""
+    api.create(f"/api/v1/namespaces/{NS}/configmaps", {
+        "apiVersion": "v1", "kind": "ConfigMap", "metadata": {"name": "gpu-tune-out-of-service"},
+        "data": {"gpu-2": "2026-12-07T18:00:00.000000Z", "gpu-gone": "2026-12-07T17:00:00.000000Z"}})
+
+    def write(token: str, change) -> None:
+        doc = api.cp.request("GET", LEDGER_PATH)
+        change(doc)
+        api.cp.request("PUT", LEDGER_PATH, doc, token=token)
+
+    return write
+
+
+def wait_ledger_policy(api, write, token: str) -> None:
+    """Until the ledger policy is loaded: another node's entry changed is refused."""
+    t0 = time.monotonic()
+    while True:
+        try:
+            write(token, lambda d: d["data"].update({"gpu-2": f"2026-12-07T18:00:{time.monotonic_ns() % 60:02d}Z"}))
+        except ApiError as exc:
+            if exc.status == 403 and "gpu-tune" in exc.body:
+                return
+        assert time.monotonic() - t0 < 60, "the ledger policy was not enforced within 60 s"
+        time.sleep(0.2)
+
+
+def test_an_agent_takes_its_own_node_out_through_rbac_and_the_ledger_policy(api, agent, ledger):
+    for name in ("gpu-1", "gpu-2"):
+        api.add_node(name, labels={"gpu-tune.io/ready": "true"})
+    token, kc = agent("gpu-1")
+    wait_policy_enforced(api, token, "gpu-1")
+    wait_ledger_policy(api, ledger, token)
+    pub = _pub(kc, "gpu-1", limit=5, ledger_namespace=NS)
+    r = pub.publish(_want(False))
+    assert r.ok and r.limit.action == "take_out", (r.detail, r.limit.says)
+    assert r.limit.says == "2 of 2 nodes out of service by gpu-tune, this one included (limit 5)"
+    data = api.cp.request("GET", LEDGER_PATH)["data"]
+    assert set(data) == {"gpu-1", "gpu-2"}  # its own entry added, the vanished node's pruned, gpu-2's kept
+    assert api.node("gpu-1")["spec"]["taints"] == [OURS]
+    r = pub.publish(_want(True))
+    assert r.ok and set(api.cp.request("GET", LEDGER_PATH)["data"]) == {"gpu-2"}, r.detail
+
+
+@pytest.mark.parametrize("what, change", [
+    ("another node's entry added", lambda d: d["data"].update({"gpu-3": "2026-12-07T18:00:00.000000Z"})),
+    ("another node's entry changed", lambda d: d["data"].update({"gpu-2": "2026-12-07T19:00:00.000000Z"})),
+    ("its labels", lambda d: d["metadata"].setdefault("labels", {}).update({"team": "x"})),
+    ("binaryData", lambda d: d.update({"binaryData": {"x": "eA=="}})),
+])
+def test_the_ledger_policy_refuses_all_but_its_own_entry(api, agent, ledger, what, change):
+    api.add_node("gpu-1")
+    token, _ = agent("gpu-1")
+    wait_ledger_policy(api, ledger, token)
+    before = api.cp.request("GET", LEDGER_PATH)
+    with pytest.raises(ApiError) as exc:
+        ledger(token, change)
+    assert exc.value.status == 403 and "ValidatingAdmissionPolicy 'gpu-tune-ledger'" in exc.value.body, \
+        (what, exc.value.body[:400])
+    assert api.cp.request("GET", LEDGER_PATH)["metadata"]["resourceVersion"] == before["metadata"]["resourceVersion"]
+    # its own entry, and the removal of another's (a vanished node's, pruned), are admitted
+    ledger(token, lambda d: d["data"].update({"gpu-1": "2026-12-07T18:30:00.000000Z"}))
+    ledger(token, lambda d: d["data"].pop("gpu-gone"))
+    assert set(api.cp.request("GET", LEDGER_PATH)["data"]) == {"gpu-1", "gpu-2"}
 
 
 # -- people: the fleet viewer ------------------------------------------------------------------------------

@@ -315,7 +315,7 @@ def test_enforce_on_one_node_and_its_revert_label_act_on_that_node_only(nodes):
     a.kubectl("label", "node", b.name, f"{PREFIX}profile-request=training")
     t0 = time.monotonic()
     helm(a, "install", TRAIN, str(CHART), "-n", NS, "-f", str(CHART / "values-training.yaml"),
-         "-f", str(a.values), "--set", "fleetViewer.create=false")
+         "-f", str(a.values), "--set", "fleetViewer.create=false", "--set", "ledger.create=false")
     rollout(a, TRAIN, "two nodes: helm install (training) on one node to rollout complete (s)")
     rollout(a, REL, "two nodes: the audit pod leaves the enforcing node (s)")
     record_timing("two nodes: enforce on one node, all in (s)", time.monotonic() - t0)

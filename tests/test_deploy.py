@@ -86,6 +86,12 @@ def only(docs: list[dict], kind: str) -> dict:
     return found[0]
 
 
+def named(docs: list[dict], kind: str, name: str) -> dict:
+    found = [d for d in docs if d["kind"] == kind and d["metadata"]["name"] == name]
+    assert len(found) == 1, f"expected one {kind} {name}, found {len(found)}"
+    return found[0]
+
+
 def daemonset(overlay: str) -> dict:
     return only(render(f"overlays/{overlay}"), "DaemonSet")
 
@@ -102,16 +108,18 @@ def test_kustomize_renders(kdir):
         assert kinds == ["ConfigMap", "PodMonitor", "PrometheusRule"]
     elif kdir == "fleet-viewer":
         assert kinds == ["ClusterRole"]
-    elif kdir == "admission":
-        assert kinds == ["ValidatingAdmissionPolicy", "ValidatingAdmissionPolicyBinding"]
+    elif kdir == "admission":  # the agent's own Node, and its own entry in the limit's ledger
+        assert kinds == ["ValidatingAdmissionPolicy"] * 2 + ["ValidatingAdmissionPolicyBinding"] * 2
     elif kdir == "events":
         assert kinds == ["Role", "RoleBinding"]
     else:
-        agent = ["Namespace", "ServiceAccount", "ClusterRole", "ClusterRoleBinding", "ConfigMap", "DaemonSet"]
-        # base is the agent's own namespace; every deployable overlay adds the admission policy and
+        # the profiles' ConfigMap, the limit's ledger and its Role
+        agent = ["Namespace", "ServiceAccount", "ClusterRole", "ClusterRoleBinding", "ConfigMap", "ConfigMap",
+                 "Role", "RoleBinding", "DaemonSet"]
+        # base is the agent's own namespace; every deployable overlay adds the admission policies and
         # the Events Role (in the namespace default)
-        extra = [] if kdir == "base" else ["ValidatingAdmissionPolicy", "ValidatingAdmissionPolicyBinding",
-                                           "Role", "RoleBinding"]
+        extra = [] if kdir == "base" else ["ValidatingAdmissionPolicy", "ValidatingAdmissionPolicyBinding"] * 2 + [
+            "Role", "RoleBinding"]
         assert kinds == sorted(agent + extra)
 
 
@@ -186,8 +194,10 @@ def grants_of(role: dict) -> set[tuple[str, str, str]]:
     for rule in role["rules"]:
         for field in ("apiGroups", "resources", "verbs"):
             assert "*" not in rule.get(field, []), f"wildcard in {field}: {rule}"
-        assert "nonResourceURLs" not in rule and "resourceNames" not in rule
-        out |= {(g, r, v) for g in rule["apiGroups"] for r in rule["resources"] for v in rule["verbs"]}
+        assert "nonResourceURLs" not in rule
+        names = tuple(rule.get("resourceNames", ()))
+        out |= {(g, r, v) + ((names,) if names else ()) for g in rule["apiGroups"] for r in rule["resources"]
+                for v in rule["verbs"]}
     return out
 
 
@@ -197,19 +207,25 @@ def test_rbac_grants_exactly_the_calls_the_agent_makes():
     a Node), through a Role; ResourceSlices list (a Node without nvidia.com/gpu: its GPUs in
     NVIDIA's DRA driver's slices). No other list, no watch or Event patch."""
     docs = render("overlays/audit")
-    role, crole = only(docs, "Role"), only(docs, "ClusterRole")
+    crole = only(docs, "ClusterRole")
+    role, ledger = named(docs, "Role", "gpu-tune-events"), named(docs, "Role", "gpu-tune-ledger")
     sa = only(docs, "ServiceAccount")
-    assert grants_of(crole) == {("", "nodes", "get"), ("", "nodes", "patch"), ("", "nodes/status", "patch"),
-                                ("resource.k8s.io", "resourceslices", "list")}
+    assert grants_of(crole) == {("", "nodes", "get"), ("", "nodes", "list"), ("", "nodes", "patch"),
+                                ("", "nodes/status", "patch"), ("resource.k8s.io", "resourceslices", "list")}
     assert grants_of(role) == {("", "events", "create")}
+    # the limit's ledger: that one ConfigMap, read and updated, never created
+    assert grants_of(ledger) == {("", "configmaps", "get", ("gpu-tune-out-of-service",)),
+                                 ("", "configmaps", "update", ("gpu-tune-out-of-service",))}
+    assert named(docs, "ConfigMap", "gpu-tune-out-of-service")["metadata"]["namespace"] == "gpu-tune"
     assert role["metadata"]["namespace"] == "default" and sa["metadata"]["namespace"] == "gpu-tune"
+    assert ledger["metadata"]["namespace"] == "gpu-tune"
     subject = [{"kind": "ServiceAccount", "name": sa["metadata"]["name"], "namespace": sa["metadata"]["namespace"]}]
-    for kind, ref in (("ClusterRoleBinding", crole), ("RoleBinding", role)):
-        binding = only(docs, kind)
+    for binding, ref in ((only(docs, "ClusterRoleBinding"), crole), (named(docs, "RoleBinding", "gpu-tune-events"), role),
+                         (named(docs, "RoleBinding", "gpu-tune-ledger"), ledger)):
         assert binding["roleRef"] == {"apiGroup": "rbac.authorization.k8s.io", "kind": ref["kind"],
                                       "name": ref["metadata"]["name"]}
         assert binding["subjects"] == subject
-    assert only(docs, "RoleBinding")["metadata"]["namespace"] == "default"
+        assert binding["metadata"].get("namespace") == ref["metadata"].get("namespace")
     ds = daemonset("audit")
     assert ds["spec"]["template"]["spec"]["serviceAccountName"] == sa["metadata"]["name"]
     for overlay in ("overlays/training", "overlays/inference", "overlays/minikube", "."):
@@ -223,6 +239,11 @@ _CALL_GRANTS = [
     (re.compile(r"^PATCH /api/v1/nodes/[^/]+/status$"), ("", "nodes/status", "patch")),
     (re.compile(r"^POST /api/v1/namespaces/([^/]+)/events$"), ("", "events", "create")),
     (re.compile(r"^GET /apis/resource\.k8s\.io/v1/resourceslices$"), ("resource.k8s.io", "resourceslices", "list")),
+    (re.compile(r"^GET /api/v1/nodes$"), ("", "nodes", "list")),
+    (re.compile(r"^GET /api/v1/namespaces/gpu-tune/configmaps/gpu-tune-out-of-service$"),
+     ("", "configmaps", "get", ("gpu-tune-out-of-service",))),
+    (re.compile(r"^PUT /api/v1/namespaces/gpu-tune/configmaps/gpu-tune-out-of-service$"),
+     ("", "configmaps", "update", ("gpu-tune-out-of-service",))),
 ]
 
 
@@ -235,10 +256,12 @@ def test_every_call_of_the_agent_is_granted_and_every_grant_is_used(api, tmp_pat
     from tests.test_kube import FAST, _want
 
     docs = render("overlays/audit")
-    role_ns = only(docs, "Role")["metadata"]["namespace"]
+    role_ns = named(docs, "Role", "gpu-tune-events")["metadata"]["namespace"]
     api.add_node("gpu-1", taints=[{"key": "nvidia.com/gpu", "effect": "NoSchedule"}])
+    api.namespace("gpu-tune")  # the limit's ledger, as the manifests ship it
+    api.create("/api/v1/namespaces/gpu-tune/configmaps", named(docs, "ConfigMap", "gpu-tune-out-of-service"))
     pub = make_publisher("gpu-1", str(write_kubeconfig(tmp_path / "kc", api.url)), False,
-                         heartbeat_s=0.001, **FAST)
+                         heartbeat_s=0.001, limit="10%", ledger_namespace="gpu-tune", **FAST)
     for ready in (False, True, False):
         assert pub.publish(_want(ready)).ok
     api.conflict_first_try = True
@@ -255,7 +278,7 @@ def test_every_call_of_the_agent_is_granted_and_every_grant_is_used(api, tmp_pat
         used.add(grant)
         if grant[1] == "events":
             namespaces.add(m.group(1))
-    granted = grants_of(only(docs, "ClusterRole")) | grants_of(only(docs, "Role"))
+    granted = set().union(*(grants_of(d) for d in docs if d["kind"] in ("ClusterRole", "Role")))
     assert used == granted
     assert namespaces == {role_ns}
 
@@ -331,8 +354,9 @@ PREFIX_REQUEST = "gpu-tune.io/profile-request"
 @pytest.mark.parametrize("kdir", ["overlays/audit", "overlays/training", "overlays/inference", "overlays/minikube", "."])
 def test_admission_policy_ships_with_every_overlay(kdir):
     docs = render(kdir)
-    policy, binding = only(docs, "ValidatingAdmissionPolicy"), only(docs, "ValidatingAdmissionPolicyBinding")
-    assert [policy, binding] == render("admission")
+    policy = named(docs, "ValidatingAdmissionPolicy", "gpu-tune-own-node")
+    binding = named(docs, "ValidatingAdmissionPolicyBinding", "gpu-tune-own-node")
+    assert [d for d in docs if d["kind"].startswith("ValidatingAdmissionPolicy")] == render("admission")
     for d in (policy, binding):  # cluster-scoped: no namespace (kustomize would add the base's)
         assert d["apiVersion"] == "admissionregistration.k8s.io/v1" and "namespace" not in d["metadata"]
     assert binding["spec"] == {"policyName": policy["metadata"]["name"], "validationActions": ["Deny"]}
@@ -654,7 +678,7 @@ def test_policies_copy_is_identical_to_top_level():
     kust = yaml.safe_load((DS_DIR / "base" / "kustomization.yaml").read_text())
     (gen,) = [g for g in kust["configMapGenerator"] if g["name"] == "gpu-tune-policies"]
     assert sorted(gen["files"]) == sorted(f"policies/{n}" for n in top), SYNC_HINT
-    cm = only(render("base"), "ConfigMap")
+    (cm,) = [d for d in render("base") if d["kind"] == "ConfigMap" and d["metadata"]["name"].startswith("gpu-tune-policies")]
     assert {k: v.encode() for k, v in cm["data"].items()} == top
     volumes = daemonset("audit")["spec"]["template"]["spec"]["volumes"]
     assert {"name": "policies", "configMap": {"name": cm["metadata"]["name"]}} in volumes

@@ -105,8 +105,10 @@ def test_helm_lint_strict(helm, values):
 def test_helm_template_objects_are_valid(helm, values):
     docs = template(helm, values=values)
     kinds = sorted(d["kind"] for d in docs)
+    # the limit's ledger (a ConfigMap, its Role and binding, its admission policy) beside the rest
     assert kinds == sorted(["ServiceAccount", "ClusterRole", "ClusterRole", "ClusterRoleBinding", "Role", "RoleBinding",
-                            "ConfigMap", "DaemonSet", "ValidatingAdmissionPolicy",
+                            "Role", "RoleBinding", "ConfigMap", "ConfigMap", "DaemonSet", "ValidatingAdmissionPolicy",
+                            "ValidatingAdmissionPolicyBinding", "ValidatingAdmissionPolicy",
                             "ValidatingAdmissionPolicyBinding", "Pod"]), kinds
     problems = validate(docs)
     assert not problems, "\n".join(problems)
@@ -151,7 +153,7 @@ def test_every_option_reaches_the_pod(helm):
     assert (str(getattr(params["probe_device"], "value", params["probe_device"])), params["probe_interval"]) == ("cpu", 0.0)
     assert params["hardware_condition"] == "AcceleratedHardwareReady"
     assert parse_container_cli(the(template(helm), "DaemonSet"))["hardware_condition"] is None  # off by default
-    cm = [d for d in docs if d["kind"] == "ConfigMap"]
+    cm = [d for d in docs if d["kind"] == "ConfigMap" and d["metadata"]["name"].endswith("-policies")]
     assert {"name": "policies", "configMap": {"name": cm[0]["metadata"]["name"]}} in pod["volumes"]
 
 
@@ -219,6 +221,7 @@ CHART_COPIES = {  # chart file -> the canonical file it copies (make chart-files
     "files/rules/gpu-tune-alerts.yaml": "daemonset/monitoring/rules/gpu-tune-alerts.yaml",
     "files/dashboards/gpu-tune.json": "daemonset/monitoring/dashboards/gpu-tune.json",
     "files/admission/admission-policy.yaml": "daemonset/admission/admission-policy.yaml",
+    "files/admission/ledger-policy.yaml": "daemonset/admission/ledger-policy.yaml",
 }
 COPY_HINT = ("run `make chart-files` (copies policies/, the alert rules, the dashboard and the admission policy "
              "into charts/gpu-tune/files/)")
@@ -232,7 +235,7 @@ def test_chart_files_are_identical_copies():
 
 
 def test_policies_configmap_holds_the_policies_byte_for_byte(helm):
-    cm = [d for d in template(helm) if d["kind"] == "ConfigMap"][0]
+    cm = [d for d in template(helm) if d["kind"] == "ConfigMap" and d["metadata"]["name"].endswith("-policies")][0]
     top = {p.name: p.read_text() for p in (REPO / "policies").glob("*.yaml")}
     assert cm["data"] == top
 
@@ -381,6 +384,9 @@ def renames(release: str, kustomized: list[dict]) -> dict[tuple[str, str], str]:
             ("Role", f"{release}-events"): "gpu-tune-events", ("RoleBinding", f"{release}-events"): "gpu-tune-events",
             ("ValidatingAdmissionPolicy", f"{release}-own-node"): "gpu-tune-own-node",
             ("ValidatingAdmissionPolicyBinding", f"{release}-own-node"): "gpu-tune-own-node",
+            ("Role", f"{release}-ledger"): "gpu-tune-ledger", ("RoleBinding", f"{release}-ledger"): "gpu-tune-ledger",
+            ("ValidatingAdmissionPolicy", f"{release}-ledger"): "gpu-tune-ledger",
+            ("ValidatingAdmissionPolicyBinding", f"{release}-ledger"): "gpu-tune-ledger",
             # the admission policy matches the agent's requests by its ServiceAccount's user name
             ("username", f"system:serviceaccount:{NAMESPACE}:{release}"): f"system:serviceaccount:{NAMESPACE}:gpu-tune"}
 
@@ -548,16 +554,18 @@ def test_revert_mode_keeps_the_enforcing_pod_on_its_nodes(helm):
 
 def test_admission_policy_values(helm):
     docs = template(helm, "gpu-tune-training", "values-training.yaml")
-    (binding,) = of_kind(docs, "ValidatingAdmissionPolicyBinding")
-    (policy,) = of_kind(docs, "ValidatingAdmissionPolicy")
+    (binding,) = [d for d in of_kind(docs, "ValidatingAdmissionPolicyBinding") if d["metadata"]["name"].endswith("-own-node")]
+    (policy,) = [d for d in of_kind(docs, "ValidatingAdmissionPolicy") if d["metadata"]["name"].endswith("-own-node")]
+    (ledger,) = [d for d in of_kind(docs, "ValidatingAdmissionPolicy") if d["metadata"]["name"].endswith("-ledger")]
     sa = the(docs, "ServiceAccount")
     assert binding["spec"]["policyName"] == policy["metadata"]["name"] == "gpu-tune-training-own-node"
     assert binding["spec"]["validationActions"] == ["Deny"]
     user = f"system:serviceaccount:{sa['metadata']['namespace']}:{sa['metadata']['name']}"
-    assert policy["spec"]["matchConditions"][0]["expression"] == f"request.userInfo.username == '{user}'"
+    for p in (policy, ledger):
+        assert p["spec"]["matchConditions"][0]["expression"] == f"request.userInfo.username == '{user}'"
     tried = of_kind(template(helm, sets=["admissionPolicy.validationActions={Warn,Audit}"]),
                     "ValidatingAdmissionPolicyBinding")
-    assert tried[0]["spec"]["validationActions"] == ["Warn", "Audit"]
+    assert [t["spec"]["validationActions"] for t in tried] == [["Warn", "Audit"]] * 2
     off = template(helm, sets=["admissionPolicy.enabled=false"])
     assert not of_kind(off, "ValidatingAdmissionPolicy") and not of_kind(off, "ValidatingAdmissionPolicyBinding")
     # Kubernetes 1.29 has no admissionregistration.k8s.io/v1 policy kinds: the rest installs without them.
@@ -575,7 +583,7 @@ def test_the_startup_taint_reaches_the_agent_the_tolerations_and_the_policy(helm
         docs = template(helm, sets=list(sets))
         ds = the(docs, "DaemonSet")
         env = {e["name"]: e.get("value") for e in ds["spec"]["template"]["spec"]["containers"][0]["env"]}
-        policy = the(docs, "ValidatingAdmissionPolicy")
+        (policy,) = [d for d in of_kind(docs, "ValidatingAdmissionPolicy") if d["metadata"]["name"].endswith("-own-node")]
         variables = {v["name"]: v["expression"] for v in policy["spec"]["variables"]}
         return ds, env, variables
 
@@ -610,3 +618,15 @@ def test_schema_rejects_a_bad_startup_taint(helm, bad):
     proc = run([helm, "template", "gpu-tune", str(CHART), "--set", bad])
     assert proc.returncode != 0, f"--set {bad} was accepted"
     assert "schema" in proc.stderr and "startupTaint" in proc.stderr, proc.stderr
+
+
+def test_a_second_release_shares_the_first_ones_ledger(helm):
+    """ledger.create=false (a second release in the namespace): no ConfigMap of its own, which Helm
+    would refuse (another release owns it); its agents still may read and update the shared one."""
+    second = template(helm, "gpu-tune-training", "values-training.yaml", ["ledger.create=false"])
+    assert not [d for d in of_kind(second, "ConfigMap") if d["metadata"]["name"] == "gpu-tune-out-of-service"]
+    (role,) = [d for d in of_kind(second, "Role") if d["metadata"]["name"] == "gpu-tune-training-ledger"]
+    assert role["rules"] == [{"apiGroups": [""], "resources": ["configmaps"],
+                              "resourceNames": ["gpu-tune-out-of-service"], "verbs": ["get", "update"]}]
+    first = template(helm)
+    assert [d["metadata"]["name"] for d in of_kind(first, "ConfigMap")].count("gpu-tune-out-of-service") == 1

@@ -115,11 +115,11 @@ class CoreV1:
         self.client.user_agent = f"gpu-tune/{__version__}"
 
     def request(self, method: str, path: str, *, query: list[tuple[str, Any]] | None = None, body: Any = None,
-                content_type: str | None = None, timeout: Any = None) -> bytes:
+                content_type: str | None = None, timeout: Any = None, accept: str = "application/json") -> bytes:
         import urllib3
         from kubernetes.client.exceptions import ApiException
 
-        headers = {"Accept": "application/json"}
+        headers = {"Accept": accept}
         if body is not None:
             headers["Content-Type"] = content_type or "application/json"
         try:

@@ -70,7 +70,7 @@ def label_once(g: Any, *, profile: str, node: str | None, kubeconfig: str | None
     if probes is None:
         errors["probe"] = "no probe result yet: run `gpu-tune probe` (or the agent) first"
     name = node_name(node)
-    publisher = make_publisher(name, kubeconfig, False)
+    publisher = make_publisher(name, kubeconfig, False, limit=prof.readiness.max_out_of_service)
     try:
         facts = publisher.read()
         choice = choose_mode(mode, facts.mode_request if facts.node_read else None, who="gpu-tune label")

@@ -16,6 +16,10 @@ One pass (:meth:`KubePublisher.publish`):
    ``gpu-tune.io/owned-labels``; labels not recorded there are never touched), the
    taint it owns (``gpu-tune.io/not-ready:NoSchedule`` unless configured otherwise,
    :mod:`gpu_tune.tune.taint`), and a former one of its own after a change of key.
+   Where the pass would take the node out (its taint, the hardware condition False) and the
+   publisher has a ``limit`` (``readiness.max_out_of_service``): the blast-radius limit's ledger
+   first (:mod:`gpu_tune.cluster.limit`); past the limit the node is published not ready without
+   them, and one Event says so.
 3. When something differs: one JSON merge patch of ``metadata`` + ``spec.taints`` carrying the
    ``metadata.resourceVersion`` just read. A merge patch replaces the taint list whole, so the
    list sent is the one read with only our taint added or removed; should another writer have
@@ -51,7 +55,6 @@ import random
 import socket
 import threading
 import time
-from dataclasses import dataclass, field
 from typing import Any, Callable, Protocol
 
 from gpu_tune.cluster.api import (
@@ -66,17 +69,10 @@ from gpu_tune.cluster.api import (
     in_cluster,
     node_path,
 )
-from gpu_tune.cluster.dra import DRIVER, GROUP, SLICES_PATH, DraCount, count_gpus, list_node_slices
+from gpu_tune.cluster.dra import GROUP, SLICES_PATH, DraCount, count_gpus, list_node_slices
 from gpu_tune.cluster.labels import NodeWant
-from gpu_tune.cluster.node_diff import (
-    MODE_LABEL,
-    SET_HEALTHY_LABEL,
-    find_condition,
-    gpu_expected,
-    now_rfc3339,
-    plan_node,
-    resource_count,
-)
+from gpu_tune.cluster.node_diff import now_rfc3339, plan_node, resource_count
+from gpu_tune.cluster.publish_result import PassRecord, PublishResult
 from gpu_tune.errors import InputError
 
 log = logging.getLogger("gpu_tune.kube")
@@ -88,47 +84,6 @@ EVIDENCE_REASON = "GPUHostEvidence"  # an Event naming an evidence bundle writte
 NODE_EVENT_NAMESPACE = "default"
 COMPONENT = "gpu-tune"
 HEARTBEAT_S = 600.0  # the GPUHostReady condition is re-written at least this often (seconds)
-
-
-@dataclass(frozen=True)
-class PublishResult:
-    """One publish pass: ``writes`` write calls made (attempts included), ``changed`` what
-    changed (or would, on a dry run), ``ok`` and ``detail`` for the ``publish`` check.
-
-    ``node_read`` says whether the Node was read this pass; ``gpu_capacity`` and
-    ``gpu_allocatable`` are its ``status.capacity`` / ``status.allocatable`` of
-    ``nvidia.com/gpu`` as read (None: the Node has no such resource, i.e. no device plugin) —
-    the facts the ``gpu.allocatable`` readiness check judges."""
-
-    writes: int
-    changed: list[str]
-    ok: bool
-    detail: str
-    reads: int = 0
-    node_read: bool = False
-    gpu_capacity: int | None = None
-    gpu_allocatable: int | None = None
-    gpu_expected: tuple[str, ...] = ()
-    mode_request: str | None = None
-    condition_status: str | None = None
-    # the Node's gpu-tune.io/set-healthy label: a new value clears this boot's fatal XIDs
-    # (docs/health.md), as `gpu-tune set-healthy` does on the node
-    set_healthy: str | None = None
-    # a Node without nvidia.com/gpu capacity: its GPUs in NVIDIA's DRA driver's ResourceSlices
-    # (None: not looked at, or the resource.k8s.io/v1 API is not served), or why they could not be listed
-    dra: DraCount | None = None
-    dra_error: str | None = None
-
-    def as_check(self) -> dict[str, Any]:
-        return {"name": "publish", "ok": self.ok, "detail": self.detail}
-
-    def as_dict(self) -> dict[str, Any]:
-        return {"ok": self.ok, "detail": self.detail, "writes": self.writes, "reads": self.reads,
-                "changed": list(self.changed), "node_read": self.node_read,
-                "gpu_capacity": self.gpu_capacity, "gpu_allocatable": self.gpu_allocatable,
-                "gpu_expected": list(self.gpu_expected), "mode_request": self.mode_request,
-                "condition_status": self.condition_status, "set_healthy": self.set_healthy,
-                "dra": self.dra.as_dict() if self.dra is not None else None, "dra_error": self.dra_error}
 
 
 class Publisher(Protocol):
@@ -178,33 +133,6 @@ class _Failed(Exception):
         self.detail = detail
 
 
-@dataclass
-class _Pass:
-    reads: int = 0
-    writes: int = 0
-    changed: list[str] = field(default_factory=list)
-    node: dict[str, Any] | None = None  # the Node as last read this pass
-    first: dict[str, Any] | None = None  # the Node as first read this pass (before our writes)
-    dra: tuple[bool, DraCount | None, str | None] = (False, None, None)  # (looked, count, error)
-
-    def result(self, ok: bool, detail: str) -> PublishResult:
-        node = self.node
-        if node is None:
-            return PublishResult(writes=self.writes, changed=self.changed, ok=ok, detail=detail, reads=self.reads)
-        cond = find_condition(self.first or node)
-        node_labels = (node.get("metadata") or {}).get("labels") or {}
-        mode = node_labels.get(MODE_LABEL)
-        clear = node_labels.get(SET_HEALTHY_LABEL)
-        _, dra, dra_error = self.dra
-        why = gpu_expected(node) + ((f"ResourceSlices of {DRIVER}: {dra.gpus} GPU(s)",) if dra and dra.gpus else ())
-        return PublishResult(writes=self.writes, changed=self.changed, ok=ok, detail=detail, reads=self.reads,
-                             node_read=True, gpu_capacity=resource_count(node, "capacity"),
-                             gpu_allocatable=resource_count(node, "allocatable"), gpu_expected=why,
-                             mode_request=str(mode) if mode is not None else None,
-                             condition_status=None if cond is None else str(cond.get("status")),
-                             set_healthy=str(clear) if clear else None, dra=dra, dra_error=dra_error)
-
-
 class KubePublisher:
     """Publishes to one Node through the kubernetes client over HTTP(S) (:class:`CoreV1`)."""
 
@@ -226,8 +154,16 @@ class KubePublisher:
         heartbeat_s: float | None = HEARTBEAT_S,
         sleep: Callable[[float], None] = time.sleep,
         api: CoreV1 | None = None,
+        limit: Any = None,
+        ledger_namespace: str | None = None,
     ) -> None:
         self._heartbeat = heartbeat_s
+        # readiness.max_out_of_service (None: no limit, as before it existed): gpu_tune.cluster.limit
+        self.gate = None
+        if limit is not None:
+            from gpu_tune.cluster.limit import OutOfServiceGate
+
+            self.gate = OutOfServiceGate(limit, ledger_namespace)
 
         self.node = node_name
         self.source = source
@@ -264,7 +200,7 @@ class KubePublisher:
             pass
 
     # -- HTTP with retries -------------------------------------------------------------------
-    def _call(self, ctx: _Pass, verb: str, resource: str, fn: Callable[[], Any], *, write: bool,
+    def _call(self, ctx: PassRecord, verb: str, resource: str, fn: Callable[[], Any], *, write: bool,
               raw: frozenset[int] = frozenset()) -> dict[str, Any]:
         """``fn()``'s JSON, with retries; an answer whose status is in ``raw`` is raised as is."""
         deadline = time.monotonic() + self._budget
@@ -311,7 +247,7 @@ class KubePublisher:
             self._sleep(delay)
         raise _Failed(f"{verb} {resource}: API server {self._host} unavailable after {attempt} attempts ({last})")
 
-    def _read_node(self, ctx: _Pass) -> dict[str, Any]:
+    def _read_node(self, ctx: PassRecord) -> dict[str, Any]:
         node = self._call(ctx, "get", "nodes", lambda: self._api.request(
             "GET", node_path(self.node), timeout=self._timeout), write=False)
         ctx.node = node
@@ -321,7 +257,7 @@ class KubePublisher:
             ctx.dra = self._count_dra(ctx)
         return node
 
-    def _count_dra(self, ctx: _Pass) -> tuple[bool, DraCount | None, str | None]:
+    def _count_dra(self, ctx: PassRecord) -> tuple[bool, DraCount | None, str | None]:
         """This Node's GPUs in NVIDIA's DRA driver's ResourceSlices (a Node without the device
         plugin's capacity): one list a pass. A server without ``resource.k8s.io/v1`` (404):
         none; a refused or failed list: the reason, for ``gpu.allocatable`` to report."""
@@ -347,7 +283,7 @@ class KubePublisher:
         instead of reading again (the agent reads at the start of a pass and publishes at its end:
         one GET per pass)."""
         with self._lock:
-            ctx = _Pass()
+            ctx = PassRecord()
             self._prefetched = self._read_failed = None
             try:
                 self._prefetched = self._read_node(ctx)
@@ -365,7 +301,7 @@ class KubePublisher:
         :meth:`read` that failed (its retries spent), the publish fails with the same reason
         without calling again: one pass waits out one retry budget, not two."""
         with self._lock:
-            ctx = _Pass()
+            ctx = PassRecord()
             failed, self._read_failed = self._read_failed, None
             if failed is not None and self._prefetched is None:
                 log.warning("publish to node %s failed: %s", self.node, failed)
@@ -382,7 +318,7 @@ class KubePublisher:
             log.warning("publish to node %s failed: %s", self.node, detail)
             return ctx.result(False, detail)
 
-    def _publish(self, want: NodeWant, ctx: _Pass, dry_run: bool) -> str:
+    def _publish(self, want: NodeWant, ctx: PassRecord, dry_run: bool) -> str:
         node, self._prefetched = self._prefetched, None
         if node is None:
             node = self._read_node(ctx)
@@ -395,6 +331,9 @@ class KubePublisher:
             if plan.transition or want.evidence_new:
                 ctx.changed.append(f"event {self._event_reason(want) if plan.transition else EVIDENCE_REASON}")
             return f"dry run: {len(plan.changed)} change(s) for node {self.node}"
+        limit_due, wanted = False, want
+        if self.gate is not None:  # before anything that takes the node out is written
+            want, ctx.limit, limit_due = self.gate.decide(self.node, want, self._ledger_call(ctx), node)
 
         skipped: list[str] = []
         for attempt in range(1, self._conflict_attempts + 1):
@@ -452,11 +391,35 @@ class KubePublisher:
                 timeout=self._timeout), write=True)
             self._pending_event = None
             ctx.changed.append(f"event {ev['reason']}")
+        if limit_due:  # once a spell: "limit reached: N of M nodes out of service by gpu-tune (limit L)"
+            from gpu_tune.cluster.limit import LEDGER_REASON
+
+            ev = {**self._event_body(want, node, LEDGER_REASON), "message": ctx.limit.says[:1024]}
+            self._call(ctx, "create", "events", lambda: self._api.request(
+                "POST", events_path(self._event_ns), body=ev, timeout=self._timeout), write=True)
+            ctx.changed.append(f"event {LEDGER_REASON}")
+        if self.gate is not None:  # a node back in service frees its slot, its taint gone first
+            skipped = skipped + [why] if (why := self.gate.after(self.node, wanted, self._ledger_call(ctx))) else skipped
 
         note = f"; skipped {', '.join(skipped)}" if skipped else ""
         if not ctx.changed:
             return f"node {self.node} up to date{note}"
         return f"node {self.node}: {len(ctx.changed)} change(s) in {ctx.writes} write call(s){note}"
+
+    def _ledger_call(self, ctx: PassRecord) -> Callable[..., dict[str, Any]]:
+        """The limit's calls (gpu_tune.cluster.limit) through :meth:`_call`: retried alike, counted in
+        the pass; 403/404/409/422 raised as ApiError, what retries could not mend as LedgerError."""
+        from gpu_tune.cluster.limit import LedgerError
+
+        def call(verb: str, resource: str, method: str, path: str, *, query: Any = None, body: Any = None,
+                 accept: str = "application/json", write: bool = False) -> dict[str, Any]:
+            try:
+                return self._call(ctx, verb, resource, lambda: self._api.request(
+                    method, path, query=query, body=body, timeout=self._timeout, accept=accept), write=write,
+                    raw=frozenset({403, 404, 409, 422}))
+            except _Failed as f:
+                raise LedgerError(f.detail) from None
+        return call
 
     @staticmethod
     def _event_reason(want: NodeWant) -> str:

@@ -336,6 +336,7 @@ class Agent:
             probe_last_success=dict(probe.last_success), collectors=statuses,
             metrics_detail=self.metrics_detail, gain=self._gain, host=self._host_health, history=self._health_view,
             evidence=evidence.as_dict() if evidence is not None else None,
+            limit=field_of(pub, "limit") if st.success else None,
         )
         self.state.publish(snap)
         return snap

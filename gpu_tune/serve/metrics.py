@@ -91,6 +91,12 @@ FAMILIES: dict[str, tuple[str, tuple[str, ...]]] = {
     "gpu_tune_build_info": ("gpu-tune build information (always 1)", ("version",)),
     "gpu_tune_ready": ("1 when the node passes every readiness check, else 0", ()),
     "gpu_tune_check_ok": ("1 when the readiness check passes, else 0", ("check",)),
+    # the blast-radius limit, where this node's pass would take it out (docs/deploy.md)
+    "gpu_tune_out_of_service_limit_reached": ("1 when readiness.max_out_of_service kept this not-ready node in "
+                                              "service (reported, not taken out), 0 when it was taken out", ()),
+    "gpu_tune_out_of_service_nodes": ("N: the nodes out of service by gpu-tune, as this node last counted", ()),
+    "gpu_tune_out_of_service_judged_nodes": ("M: the nodes gpu-tune judges, as this node last counted", ()),
+    "gpu_tune_out_of_service_allowed_nodes": ("L: the most nodes gpu-tune takes out at once (of M)", ()),
     "gpu_tune_check_severity_info": ("The severity each readiness check runs with (fatal, warning, or off: not "
                                      "evaluated) and where it came from (by: catalog, or the profile's key, "
                                      "readiness.checks.NAME); always 1", ("check", "severity", "by")),
@@ -262,6 +268,13 @@ class SnapshotCollector(Collector):
             checks.add_metric([c.name], 1 if c.ok else 0)
         yield checks
         yield from policy_families(self, snap)
+        o = snap.limit
+        if o is not None:
+            for name, value in (("limit_reached", 0 if o.taken else 1), ("nodes", o.out), ("judged_nodes", o.judged),
+                                ("allowed_nodes", o.allowed)):
+                fam = self._fam(f"gpu_tune_out_of_service_{name}")
+                fam.add_metric([], value)
+                yield fam
 
         compliant = self._fam("gpu_tune_setting_compliant")
         targets = self._fam("gpu_tune_setting_targets")

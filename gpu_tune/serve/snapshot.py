@@ -66,6 +66,9 @@ class Snapshot:
     # the evidence of this pass's hardware findings (docs/health.md "Evidence"): /readiness's
     # ``evidence``, there only when a finding keeps some or it could not be kept
     evidence: Mapping[str, Any] | None = None
+    # the blast-radius limit's outcome (gpu_tune.judge.fleet_limit.Outcome) where this pass would take
+    # the node out: /readiness's ``limit`` and the gpu_tune_out_of_service_* metrics; None otherwise
+    limit: Any = None
     # pre-rendered bodies
     readiness_body: bytes = b""
     metrics_body: bytes = b""
@@ -83,7 +86,8 @@ class Snapshot:
         return {"ready": self.verdict.ready, "node": self.node, "profile": self.profile,
                 "reason": self.verdict.reason(), "message": self.verdict.message(),
                 "checks": [c.as_dict() for c in self.verdict.checks], "since": rfc3339(self.since),
-                **self.verdict.policy_doc(), **({"evidence": dict(self.evidence)} if self.evidence else {})}
+                **self.verdict.policy_doc(), **({"evidence": dict(self.evidence)} if self.evidence else {}),
+                **({"limit": self.limit.as_dict()} if self.limit is not None else {})}
 
     @classmethod
     def build(cls, **kw: Any) -> "Snapshot":

@@ -113,7 +113,9 @@ def default_stages(options: ServeOptions) -> Stages:
     node = node_name(options.node)
     from gpu_tune.cluster.publisher import make_publisher
 
-    publisher = make_publisher(node, options.kubeconfig, options.no_kube)
+    # the blast-radius limit: a taint or a hardware condition False only while the fleet's ledger has room
+    publisher = make_publisher(node, options.kubeconfig, options.no_kube,
+                               limit=profile.readiness.max_out_of_service)
     policy_dir = options.policy_dir or default_policy_dir()
 
     def discover():

@@ -9,13 +9,15 @@
   the reason, unless ``readiness.require_device_plugin`` (which either publisher satisfies).
 - ``topology.published``: topology discovered and the node labels/condition written (or
   Kubernetes publishing switched off).
+- ``fleet.limit`` (warning): the blast-radius limit (``readiness.max_out_of_service``) kept this
+  not-ready node in service: "limit reached: N of M nodes out of service by gpu-tune (limit L)".
 """
 
 from __future__ import annotations
 
 from typing import Any
 
-from gpu_tune.judge.checks.base import Check, Facts, Family
+from gpu_tune.judge.checks.base import WARNING, Check, Facts, Family
 
 DRA_DRIVER = "gpu.nvidia.com"  # NVIDIA's DRA driver for GPUs (gpu_tune/cluster/dra.py counts its devices)
 
@@ -99,9 +101,22 @@ class Published(Family):
     reads = "whether topology discovery ran and the last publish of labels, annotations and the condition worked"
     thresholds = "the publish succeeded (or Kubernetes publishing is off)"
     remedy = "see the agent's log: RBAC (a 403 names the rule to add), API server reachability"
-    checks = ("topology.published",)
+    checks = ("topology.published", "fleet.limit")
 
     def evaluate(self, facts: Facts) -> list[Check]:
+        return self._published(facts) + self._limit(getattr(facts.publish, "limit", None))
+
+    def _limit(self, o: Any) -> list[Check]:
+        """``fleet.limit`` (warning): the blast-radius limit kept this not-ready node in service
+        (gpu_tune.cluster.limit); listed only where the limit was asked."""
+        if o is None:
+            return []
+        if o.taken:  # a problem here: the limit could not be enforced (no ledger)
+            return [self.check("fleet.limit", not o.problem, f"taken out: {o.says}", severity=WARNING)]
+        return [self.check("fleet.limit", False, f"{o.says}: reported not ready and left in service (no taint added, "
+                           "the hardware condition not set to False)", o.reached, severity=WARNING)]
+
+    def _published(self, facts: Facts) -> list[Check]:
         name = "topology.published"
         if facts.errors.get("discover"):
             return [self.check(name, False, f"topology discovery failed: {facts.errors['discover']}")]
