@@ -12,9 +12,10 @@ followed by the lines where it states its figures against its targets (lines wit
 ``target``, ``goal``, ``MISSED``). A benchmark exits 1 when it misses a target; this script exits
 0 when every benchmark exited 0, else 1 (130 when interrupted).
 
-A ``bench_*.py`` not listed in :data:`SETTINGS` runs with its own defaults. Five start a real
-kube-apiserver (``bench_fleet.py``, ``bench_fleet_scale.py``, ``bench_agent.py``, ``bench_dra.py``,
-``bench_rss.py``): on a machine shared with others running the cluster tests, run this under ``flock /tmp/gpu-tune-cluster.lock``.
+A ``bench_*.py`` not listed in :data:`SETTINGS` runs with its own defaults. Six start a real
+kube-apiserver (``bench_fleet.py``, ``bench_fleet_scale.py``, ``bench_fleet_limit.py``,
+``bench_agent.py``, ``bench_dra.py``, ``bench_rss.py``): on a machine shared with others running the
+cluster tests, run this under ``flock /tmp/gpu-tune-cluster.lock``.
 ``bench_fleet_scale.py`` runs here at 1,000 nodes and a 20 s interval; its full run (1,000 and 5,000
 nodes at the default 60 s interval, about 15 minutes) is run on its own (docs/fleet.md).
 ``bench_slurm_fleet.py`` starts a real Slurm (root, ``make slurm-tools``; it says SKIP without them).
