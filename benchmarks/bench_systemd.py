@@ -1,7 +1,7 @@
 """The systemd units under a real systemd: how long they take, on Debian 12 (systemd 252) and
 Debian 11 (systemd 247), installed the documented way (tests/sdbox.py, docs/systemd.md).
 
-    flock /work/locks/this-host .venv/bin/python benchmarks/bench_systemd.py [--runs 5] [--cold] [--json]
+    flock /tmp/gpu-tune-cluster.lock .venv/bin/python benchmarks/bench_systemd.py [--runs 5] [--cold] [--json]
 
 Per image: its build (cold with ``--cold``: built again from nothing; else the cached image's
 look-up), its size, the boot to ``is-system-running``, the documented install; then ``--runs``

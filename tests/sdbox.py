@@ -6,7 +6,7 @@ The container is privileged (systemd applies ProtectSystem= and DeviceAllow= onl
 shares this machine's /proc/sys and /sys: :func:`boot_installed` snapshots the kernel settings
 gpu-tune writes before it starts the container and, on the way out, removes the container and puts
 back whatever differs (tests/hostsnap.py), whatever happened in between. Run it under the lock of
-this machine (``flock /work/locks/this-host``), as every test that writes its settings.
+this machine (``flock /tmp/gpu-tune-cluster.lock``), as every test that writes its settings.
 """
 
 from __future__ import annotations
