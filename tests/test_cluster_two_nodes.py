@@ -68,6 +68,9 @@ def nodes(kube_node, second_kube_node, tmp_path_factory):
     # what an earlier module left running (kustomize's audit agent) holds port 9410 on every GPU node
     a.kubectl("-n", NS, "delete", "daemonset", "--all", "--ignore-not-found", "--wait=true", "--timeout=120s",
               timeout=150)
+    # and kustomize's ledger of the blast-radius limit: one per namespace, shared by every release
+    # in it and made by the first (docs/deploy.md, `ledger.create`): here, this module's first release
+    a.kubectl("-n", NS, "delete", "configmap", "gpu-tune-out-of-service", "--ignore-not-found", timeout=60)
     for n in (a, b):
         a.kubectl("label", "node", n.name, f"{PREFIX}profile-request-", f"{PREFIX}mode-")
     os.makedirs(HOST_DIR, exist_ok=True)
