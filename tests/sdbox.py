@@ -113,8 +113,18 @@ class Box:
         """Wait until systemd has booted (the condition: `is-system-running --wait` answers), then
         make the GPU device nodes (major 195: no driver here, so an allowed open is ENXIO)."""
         t0 = time.monotonic()
-        state = self.until("systemd answering", lambda: self.run("systemctl", "is-system-running", "--wait",
-                                                                 check=False).stdout.strip() or None)
+        seen: list[str] = []
+
+        def answered() -> str | None:
+            # "offline" is also what systemctl prints before PID 1 has made /run/systemd/system (sd_booted()
+            # false: a `podman exec` can come that early), and "unknown" while the bus is not up: not yet answers.
+            seen.append(self.run("systemctl", "is-system-running", "--wait", check=False).stdout.strip())
+            return seen[-1] if seen[-1] not in ("", "offline", "unknown") else None
+
+        try:
+            state = self.until("systemd answering", answered)
+        except AssertionError as e:
+            raise AssertionError(f"{e}; the last answers: {seen[-5:]}") from None
         took = time.monotonic() - t0
         assert state in ("running", "degraded"), state
         failed = self.run("systemctl", "--failed", "--no-legend", "--plain").stdout.split()
