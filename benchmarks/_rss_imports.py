@@ -91,6 +91,10 @@ def main(argv: list[str]) -> int:
         wanted = json.load(f)["modules"]
     start = rss()
     sys.meta_path.insert(0, _Finder())
+    if "gpu_tune.serve.lean" in wanted:  # as the agent starts: importlib.metadata loaded part by part
+        from gpu_tune.serve.lean import defer_package_metadata
+
+        defer_package_metadata()
     failed = []
     for name in wanted:
         if name in sys.modules or name in ("__main__", "__mp_main__"):

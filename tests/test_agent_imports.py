@@ -32,12 +32,17 @@ NEVER = ("typer", "rich", "gpu_tune.cli.", "fastapi", "opentelemetry", "pydantic
          "kubernetes.utils.create_from_yaml", "jsonschema", "websocket")
 # What the in-cluster configuration does not need either: the kubeconfig loader and its OAuth.
 NOT_IN_CLUSTER = ("kubernetes.config.kube_config", "requests", "oauthlib", "requests_oauthlib")
+# uvicorn's command line and supervisors (gpu_tune/serve/httpserver.py loads Config and Server alone).
+NOT_UVICORN = ("click", "uvicorn.main", "uvicorn.supervisors", "uvicorn._subprocess")
+# importlib.metadata whole, imported for pydantic's plugins and urllib3's h2 check (gpu_tune/serve/lean.py).
+NOT_METADATA = ("importlib.metadata._adapters", "importlib.metadata._meta", "zipfile", "csv")
 
 # Runs the real command line in this process (as the console script does) and, after the first
 # pass the agent published, writes sys.modules to OUT and ends the agent as systemd would (SIGTERM).
 DRIVER = """
 import json, os, signal, sys, threading
 out = sys.argv.pop(1)
+from gpu_tune.cli import main  # first, as the console script: the entry point the agent starts at
 from gpu_tune.serve import snapshot
 first = threading.Event()
 publish = snapshot.AgentState.publish
@@ -52,7 +57,6 @@ def report():
     os.replace(out + ".part", out)
     os.kill(os.getpid(), signal.SIGTERM)
 threading.Thread(target=report, daemon=True).start()
-from gpu_tune.cli import main
 sys.argv[0] = "gpu-tune"
 main()
 """
@@ -97,7 +101,7 @@ def agent_modules(tmp_path: Path, root: Path, *where: str) -> dict:
 def test_agent_without_kubernetes_keeps_only_what_it_uses(tmp_path, make_host):
     doc = agent_modules(tmp_path, make_host("small-2cpu"), "--no-kube")
     assert doc["pid"] == doc["agent_pid"], "the agent is the process that was started (exec, not a child)"
-    assert _heavy(doc["modules"], NEVER) == []
+    assert _heavy(doc["modules"], NEVER + NOT_UVICORN + NOT_METADATA + ("multiprocessing",)) == []
     assert not any(m == "kubernetes" or m.startswith("kubernetes.") for m in doc["modules"])
     assert "gpu_tune.serve.lean" in doc["modules"] and "starlette.applications" in doc["modules"]
 
@@ -108,7 +112,7 @@ def test_agent_publishing_to_a_real_api_server_keeps_only_what_it_uses(tmp_path,
     api.add_node("imports-n1")
     kubeconfig = write_kubeconfig(tmp_path / "kubeconfig", api.url)
     doc = agent_modules(tmp_path, make_host("small-2cpu"), "--kubeconfig", str(kubeconfig), "--node", "imports-n1")
-    assert _heavy(doc["modules"], NEVER) == []
+    assert _heavy(doc["modules"], NEVER + NOT_UVICORN) == []
     assert "kubernetes.client.api_client" in doc["modules"]
     assert api.node("imports-n1")["metadata"].get("labels"), "the pass was published to the Node"
 
@@ -122,13 +126,15 @@ def _run(code: str) -> dict:
 
 def test_in_cluster_client_needs_neither_the_kubeconfig_loader_nor_the_rest_of_the_package():
     modules = _run("import json, sys\n"
+                   "from gpu_tune.serve.lean import defer_package_metadata\n"
+                   "defer_package_metadata()\n"
                    "from gpu_tune.cluster.kube_client import modules\n"
                    "client, config = modules()\n"
                    "api = client.ApiClient(client.Configuration())\n"
                    "config.load_incluster_config, config.ConfigException\n"
                    "from kubernetes.client.exceptions import ApiException\n"
                    "print(json.dumps(sorted(sys.modules)))\n")
-    assert _heavy(modules, NEVER + NOT_IN_CLUSTER) == []
+    assert _heavy(modules, NEVER + NOT_IN_CLUSTER + NOT_METADATA) == []
 
 
 def test_the_rest_of_the_kubernetes_package_loads_on_first_use():
@@ -145,3 +151,74 @@ def test_the_rest_of_the_kubernetes_package_loads_on_first_use():
     assert doc == {"version": doc["version"], "api": "CoreV1Api", "model": "V1Node", "same": True, "watch": "Watch",
                    "quantity": 1024, "kubeconfig": "load_kube_config", "missing": False}
     assert doc["version"]
+
+
+def test_uvicorn_loaded_part_by_part_and_the_rest_on_first_use():
+    doc = _run("import json, sys\n"
+               "from gpu_tune.serve import httpserver\n"
+               "import uvicorn\n"
+               "before = sorted(m for m in sys.modules if m == 'click' or m.startswith('uvicorn.'))\n"
+               "config = uvicorn.Config(lambda *a: None, port=1)\n"
+               "from uvicorn.config import Config\n"
+               "from uvicorn.server import Server\n"
+               "same = uvicorn.Config is Config and uvicorn.Server is Server\n"
+               "run = uvicorn.run\n"  # a name only uvicorn's __init__ sets: it runs now, whole
+               "print(json.dumps({'before': before, 'same': same, 'run': run.__module__,\n"
+               "  'click': 'click' in sys.modules, 'version': uvicorn.__version__}))\n")
+    assert "click" not in doc["before"] and "uvicorn.main" not in doc["before"], doc["before"]
+    assert "uvicorn.config" in doc["before"] and "uvicorn.server" in doc["before"]
+    assert doc["same"] and doc["run"] == "uvicorn.main" and doc["click"]
+    assert doc["version"]
+
+
+def test_package_metadata_whole_on_first_use_and_no_pydantic_plugins():
+    doc = _run("import json, os, sys\n"
+               "from gpu_tune.serve.lean import defer_package_metadata\n"
+               "defer_package_metadata()\n"
+               "import gpu_tune.tune.profile\n"
+               "import gpu_tune.judge.checks.state_file\n"
+               "before = 'zipfile' in sys.modules\n"
+               "from importlib.metadata import entry_points, version, PackageNotFoundError\n"
+               "import pydantic\n"
+               "try:\n"
+               "    version('no-such-package-here')\n"
+               "    missing = False\n"
+               "except PackageNotFoundError:\n"
+               "    missing = True\n"
+               "print(json.dumps({'before': before, 'after': 'zipfile' in sys.modules,\n"
+               "  'scripts': sorted(e.name for e in entry_points(group='console_scripts') if e.name == 'gpu-tune'),\n"
+               "  'version': version('pydantic') == pydantic.VERSION, 'missing': missing,\n"
+               "  'plugins': os.environ.get('PYDANTIC_DISABLE_PLUGINS')}))\n")
+    assert doc == {"before": False, "after": True, "scripts": ["gpu-tune"], "version": True, "missing": True,
+                   "plugins": "__all__"}
+
+
+def test_a_users_pydantic_plugin_setting_is_kept():
+    p = subprocess.run([sys.executable, "-c", "import os\n"
+                        "from gpu_tune.serve.lean import defer_package_metadata\n"
+                        "defer_package_metadata()\n"
+                        "print(os.environ['PYDANTIC_DISABLE_PLUGINS'])\n"],
+                       capture_output=True, text=True, timeout=120,
+                       env={**os.environ, "PYTHONPATH": str(REPO), "PYDANTIC_DISABLE_PLUGINS": "logfire"})
+    assert p.returncode == 0, p.stderr[-2000:]
+    assert p.stdout.strip() == "logfire"
+
+
+def test_partial_import_of_a_package_that_is_not_installed_leaves_nothing():
+    doc = _run("import json, sys\n"
+               "from gpu_tune import partial_import\n"
+               "try:\n"
+               "    partial_import.install(('no_such_package_here',), {'no_such_package_here.X': ('no_such_package_here.x', 'X')})\n"
+               "    err = None\n"
+               "except ImportError as exc:\n"
+               "    err = str(exc)\n"
+               "try:\n"  # installed, but a named module is missing: rolled back whole
+               "    partial_import.install(('yaml',), {'yaml.Nope': ('yaml.no_such_module', 'Nope')})\n"
+               "    err2 = None\n"
+               "except ImportError as exc:\n"
+               "    err2 = type(exc).__name__\n"
+               "left = sorted(m for m in sys.modules if m.startswith(('no_such_package_here', 'yaml')))\n"
+               "import yaml\n"
+               "print(json.dumps({'err': err, 'err2': err2, 'left': left, 'yaml': yaml.safe_load('a: 1')}))\n")
+    assert doc["err"] and "no_such_package_here" in doc["err"]
+    assert doc["err2"] == "ModuleNotFoundError" and doc["left"] == [] and doc["yaml"] == {"a": 1}

@@ -13,7 +13,9 @@ the agent without importing the command line.
 from gpu_tune.serve.lean import pending
 
 if pending():
-    from gpu_tune.serve.lean import main
+    from gpu_tune.serve.lean import defer_package_metadata, main
+
+    defer_package_metadata()  # first: before anything imports pydantic
 else:
     from gpu_tune.cli.main import main
 

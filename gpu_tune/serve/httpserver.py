@@ -49,8 +49,15 @@ import time
 from collections import deque
 from typing import Any
 
-import uvicorn
-from uvicorn.protocols.http.httptools_impl import HttpToolsProtocol
+from gpu_tune import partial_import
+
+# uvicorn's own __init__ imports its command line (click) and supervisors (multiprocessing): the
+# agent uses Config and Server (gpu_tune/partial_import.py)
+partial_import.install(("uvicorn",), {"uvicorn.Config": ("uvicorn.config", "Config"),
+                                      "uvicorn.Server": ("uvicorn.server", "Server"),
+                                      "uvicorn.__version__": ("uvicorn._version", "__version__")})
+import uvicorn  # noqa: E402
+from uvicorn.protocols.http.httptools_impl import HttpToolsProtocol  # noqa: E402
 
 MAX_HEAD_BYTES = 16 * 1024
 REQUEST_TIMEOUT_S = 5.0

@@ -64,9 +64,32 @@ def pending() -> bool:
     return mine
 
 
+def defer_package_metadata() -> None:
+    """pydantic's plugin loader imports ``importlib.metadata`` (and with it zipfile, shutil, bz2,
+    lzma, csv, tempfile, ``importlib.resources``: about 0.8 MiB for the agent's life) to look up
+    plugins among the installed packages' entry points when its first model is built; urllib3
+    (under the kubernetes client) imports its ``version`` to check ``h2`` if HTTP/2 is asked for,
+    which the agent never does. The agent
+    builds its models with no pydantic plugin (``PYDANTIC_DISABLE_PLUGINS=__all__``, unless the
+    variable is set already) and ``importlib.metadata`` is loaded part by part
+    (:mod:`gpu_tune.partial_import`): whole at the first use of any of its names, by anyone."""
+    from gpu_tune import partial_import
+
+    os.environ.setdefault("PYDANTIC_DISABLE_PLUGINS", "__all__")
+    if "importlib.metadata" in sys.modules:
+        return
+    try:
+        partial_import.install(("importlib.metadata",), {})
+        for name in ("entry_points", "version", "distribution", "distributions", "metadata", "requires", "files"):
+            partial_import.on_first_call(f"importlib.metadata.{name}")  # imported early, called late or never
+    except ImportError as exc:  # no source to load from (a frozen or zipped standard library): imported whole
+        log.debug("importlib.metadata imported whole: %s", exc)
+
+
 def main(argv: list[str] | None = None) -> None:
     """The agent with the options :func:`handoff` left (``argv``: the command line's, already
     parsed: not read again). Exits with the code ``gpu-tune serve`` exits with."""
+    defer_package_metadata()  # before anything imports pydantic
     from gpu_tune.errors import GpuTuneError
     from gpu_tune.serve.options import ServeOptions
     from gpu_tune.views.lines import report_error, setup_logging

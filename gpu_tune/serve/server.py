@@ -39,9 +39,9 @@ def _bind(host: str, port: int) -> socket.socket:
 def serve(options: ServeOptions, *, stages: Stages | None = None,
           ready_callback: Callable[[int], None] | None = None) -> int:
     """Run the agent until SIGTERM/SIGINT; return 0. ``stages`` replaces :func:`default_stages`."""
-    import uvicorn
+    from gpu_tune.serve import httpserver  # before uvicorn: it loads uvicorn's parts (gpu_tune/partial_import.py)
 
-    from gpu_tune.serve import httpserver
+    import uvicorn
     from gpu_tune.serve.app import create_app
 
     options.validate()
