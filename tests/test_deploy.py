@@ -696,6 +696,51 @@ def test_promtool_rule_unit_tests():
     assert proc.returncode == 0, proc.stdout + proc.stderr
 
 
+def test_the_hardware_alerts_follow_the_policys_severity_on_the_agents_own_metrics(tmp_path):
+    """The agent's own /metrics body (the real collector, a verdict under a real profile) as
+    promtool's input: the failing InfoROM check (a warning in the catalog) fires the warning alert;
+    made fatal by readiness.checks, the critical one and not the warning; turned off, neither."""
+    from prometheus_client.parser import text_string_to_metric_families
+
+    from gpu_tune.judge.readiness import verdict
+    from gpu_tune.serve.snapshot import Snapshot
+    from gpu_tune.tune.policy import load_profile
+    from tests.test_operator_policy import profile_dir
+
+    rules = {r["alert"]: r["expr"] for g in yaml.safe_load(RULES_FILE.read_text())["groups"] for r in g["rules"]
+             if "alert" in r}
+    gpus = [{"index": 0, "uuid": "GPU-0", "name": "NVIDIA H100 80GB HBM3", "pci_bus_id": "0000:18:00.0",
+             "inforom_valid": False}]
+    want = {"catalog": ("", [], ["gpu.inforom"]), "fatal": ("  checks:\n    gpu.inforom: fatal\n", ["gpu.inforom"], []),
+            "off": ("  checks:\n    gpu.inforom: off\n", [], [])}
+    for case, (policy, critical, warning) in want.items():
+        prof = load_profile("p", profile_dir(tmp_path / case, policy))
+        body = Snapshot.build(node="gpu-a", profile="p", verdict=verdict(profile=prof, audit=None, gpus=gpus),
+                              since=0.0, created=0.0).metrics_body.decode()
+        target = {"instance": "10.0.0.7:9410", "job": "gpu-tune", "node": "gpu-a"}  # what the scrape adds
+        series = []
+        for fam in text_string_to_metric_families(body):
+            for smp in fam.samples:
+                if smp.name.startswith("gpu_tune_check_"):
+                    labels = ", ".join(f'{k}="{v}"' for k, v in sorted({**smp.labels, **target}.items()))
+                    series.append({"series": f"{smp.name}{{{labels}}}", "values": f"{smp.value:g}x10"})
+        assert any("gpu_tune_check_severity_info" in x["series"] for x in series), body
+
+        def expect(checks):
+            return [{"labels": "gpu_tune_check_ok{" + ", ".join(f'{k}="{v}"' for k, v in
+                                                                sorted({**target, "check": c}.items())) + "}",
+                     "value": 0} for c in checks]
+
+        doc = {"rule_files": [], "evaluation_interval": "1m",
+               "tests": [{"interval": "1m", "input_series": series, "promql_expr_test": [
+                   {"expr": rules["GpuTuneGpuCheckFailing"], "eval_time": "5m", "exp_samples": expect(critical)},
+                   {"expr": rules["GpuTuneGpuHealthWarning"], "eval_time": "5m", "exp_samples": expect(warning)}]}]}
+        f = tmp_path / f"{case}.yaml"
+        f.write_text(yaml.safe_dump(doc, sort_keys=False))
+        proc = run([tool("promtool"), "test", "rules", str(f)], cwd=tmp_path)
+        assert proc.returncode == 0, f"{case}: {proc.stdout[-3000:]}{proc.stderr[-2000:]}"
+
+
 def alerts_in_rules() -> list[str]:
     doc = yaml.safe_load(RULES_FILE.read_text())
     return [r["alert"] for g in doc["groups"] for r in g["rules"] if "alert" in r]
