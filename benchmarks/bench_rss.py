@@ -183,7 +183,7 @@ def measure(tree: Path, tree_name: str, host: str, kube, a, work: Path, report: 
         fixture = run_dir / "dgx-8gpu.json"
         shutil.copy(GPU_FIXTURE, fixture)
         extra = ["--gpu-backend", "fixture", "--gpu-fixture", str(fixture)]
-    node = f"rss-{host}-{run_dir.name[-6:].lower().replace('_', '-')}"
+    node = f"rss-{host}-{''.join(c for c in run_dir.name.lower() if c.isalnum())[-6:]}"  # a valid Node name
     if kube is not None:
         kube.add_node(node)
         where = ["--kubeconfig", str(kube.cp.kubeconfig)]
