@@ -36,5 +36,9 @@ NAMES = {
 
 def modules() -> tuple[Any, Any]:
     """(``kubernetes.client``, ``kubernetes.config``), loaded part by part (this module's doc)."""
-    partial_import.install(PACKAGES, NAMES)
+    try:
+        partial_import.install(PACKAGES, NAMES)
+    except ImportError:  # not installed (raised again below), or a client laid out otherwise: imported whole
+        import kubernetes.client
+        import kubernetes.config  # noqa: F401
     return sys.modules["kubernetes.client"], sys.modules["kubernetes.config"]

@@ -52,10 +52,13 @@ from typing import Any
 from gpu_tune import partial_import
 
 # uvicorn's own __init__ imports its command line (click) and supervisors (multiprocessing): the
-# agent uses Config and Server (gpu_tune/partial_import.py)
-partial_import.install(("uvicorn",), {"uvicorn.Config": ("uvicorn.config", "Config"),
-                                      "uvicorn.Server": ("uvicorn.server", "Server"),
-                                      "uvicorn.__version__": ("uvicorn._version", "__version__")})
+# agent uses Config and Server (gpu_tune/partial_import.py), modules every uvicorn since 0.27 has.
+# A uvicorn laid out otherwise is imported whole.
+try:
+    partial_import.install(("uvicorn",), {"uvicorn.Config": ("uvicorn.config", "Config"),
+                                          "uvicorn.Server": ("uvicorn.server", "Server")})
+except ImportError:
+    pass
 import uvicorn  # noqa: E402
 from uvicorn.protocols.http.httptools_impl import HttpToolsProtocol  # noqa: E402
 
