@@ -1,11 +1,13 @@
-"""A third-party package loaded part by part: the modules the agent calls, not everything its
-``__init__`` imports.
+"""A package loaded part by part: the modules the agent calls, not everything its ``__init__``
+imports.
 
 Some packages' ``__init__`` imports far more than the agent uses, and all of it stays resident for
 the agent's life (benchmarks/bench_rss.py): ``import kubernetes`` brings the dynamic client, watch,
 stream, the informers and the kubeconfig loader (:mod:`gpu_tune.cluster.kube_client`); ``import
 uvicorn`` brings its command line (click) and its process supervisors (multiprocessing), about
-1.5 MiB, for ``uvicorn.Config`` and ``uvicorn.Server`` (:mod:`gpu_tune.serve.httpserver`).
+1.5 MiB, for ``uvicorn.Config`` and ``uvicorn.Server`` (:mod:`gpu_tune.serve.httpserver`);
+``importlib.metadata``, imported early and called late or never, is loaded whole at the first call
+of one of its functions (:func:`on_first_call`, :mod:`gpu_tune.serve.lean`).
 
 :func:`install` puts the named packages in ``sys.modules`` without running their ``__init__``
 (their submodules import as usual from the package's folder), imports the modules that define the

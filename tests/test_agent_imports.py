@@ -222,3 +222,38 @@ def test_partial_import_of_a_package_that_is_not_installed_leaves_nothing():
                "print(json.dumps({'err': err, 'err2': err2, 'left': left, 'yaml': yaml.safe_load('a: 1')}))\n")
     assert doc["err"] and "no_such_package_here" in doc["err"]
     assert doc["err2"] == "ModuleNotFoundError" and doc["left"] == [] and doc["yaml"] == {"a": 1}
+
+
+def _fake_packages(root: Path, files: dict[str, str]) -> Path:
+    for rel, text in files.items():
+        (root / rel).parent.mkdir(parents=True, exist_ok=True)
+        (root / rel).write_text(text)
+    return root
+
+
+def test_a_uvicorn_without_the_named_modules_is_imported_whole(tmp_path):
+    """A uvicorn laid out otherwise (no uvicorn/config.py or server.py: the names in its __init__)
+    is imported whole: the agent's HTTP server still gets its Config and Server."""
+    fake = _fake_packages(tmp_path, {
+        "uvicorn/__init__.py": "WHOLE = True\nclass Config:\n    pass\nclass Server:\n    pass\n",
+        "uvicorn/protocols/__init__.py": "", "uvicorn/protocols/http/__init__.py": "",
+        "uvicorn/protocols/http/httptools_impl.py": "class HttpToolsProtocol:\n    pass\n"})
+    p = subprocess.run([sys.executable, "-c", "import json\nfrom gpu_tune.serve import httpserver\nimport uvicorn\n"
+                        "print(json.dumps([uvicorn.__file__, uvicorn.WHOLE, uvicorn.Config.__module__]))\n"],
+                       capture_output=True, text=True, timeout=120, env={**os.environ, "PYTHONPATH": f"{fake}:{REPO}"})
+    assert p.returncode == 0, p.stderr[-2000:]
+    assert json.loads(p.stdout) == [str(fake / "uvicorn" / "__init__.py"), True, "uvicorn"]
+
+
+def test_a_kubernetes_client_without_the_named_modules_is_imported_whole(tmp_path):
+    fake = _fake_packages(tmp_path, {
+        "kubernetes/__init__.py": "", "kubernetes/utils/__init__.py": "", "kubernetes/client/models/__init__.py": "",
+        "kubernetes/client/__init__.py": "WHOLE = True\nclass ApiClient:\n    pass\nclass Configuration:\n    pass\n",
+        "kubernetes/config/__init__.py": "class ConfigException(Exception):\n    pass\n"
+                                         "def load_incluster_config():\n    pass\n"})
+    p = subprocess.run([sys.executable, "-c", "import json\nfrom gpu_tune.cluster.kube_client import modules\n"
+                        "client, config = modules()\n"
+                        "print(json.dumps([client.WHOLE, client.ApiClient.__module__, config.ConfigException.__name__]))\n"],
+                       capture_output=True, text=True, timeout=120, env={**os.environ, "PYTHONPATH": f"{fake}:{REPO}"})
+    assert p.returncode == 0, p.stderr[-2000:]
+    assert json.loads(p.stdout) == [True, "kubernetes.client", "ConfigException"]

@@ -69,10 +69,10 @@ def defer_package_metadata() -> None:
     lzma, csv, tempfile, ``importlib.resources``: about 0.8 MiB for the agent's life) to look up
     plugins among the installed packages' entry points when its first model is built; urllib3
     (under the kubernetes client) imports its ``version`` to check ``h2`` if HTTP/2 is asked for,
-    which the agent never does. The agent
-    builds its models with no pydantic plugin (``PYDANTIC_DISABLE_PLUGINS=__all__``, unless the
-    variable is set already) and ``importlib.metadata`` is loaded part by part
-    (:mod:`gpu_tune.partial_import`): whole at the first use of any of its names, by anyone."""
+    which the agent never does. The agent builds its models with no pydantic plugin
+    (``PYDANTIC_DISABLE_PLUGINS=__all__``, unless the variable is set already) and
+    ``importlib.metadata`` is loaded part by part (:mod:`gpu_tune.partial_import`): whole at the
+    first use of any of its names, by anyone."""
     from gpu_tune import partial_import
 
     os.environ.setdefault("PYDANTIC_DISABLE_PLUGINS", "__all__")
